@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +82,20 @@ class DPRelCLI(LightningCLI):
                 Path(out).write_text(json.dumps({"base": self._base, "tuned": tuned, "privacy": privacy}, indent=2))
 
     def _privacy_summary(self) -> dict[str, Any] | None:
+        """ε, δ, steps, σ and accounting from the first callback that keeps an accountant (duck-typed)."""
         for cb in self.trainer.callbacks:
-            summary = getattr(cb, "summary", None)
-            if callable(summary):
-                return summary()
+            if getattr(cb, "accountant", None) is not None and getattr(cb, "steps", 0) > 0:
+                from callbacks.privacy import ACCOUNTING_LABELS
+
+                return {
+                    "epsilon": float(cb.epsilon),
+                    "delta": float(cb.delta),
+                    "target": getattr(cb, "target_epsilon", None),
+                    "steps": int(cb.steps),
+                    "sigma": float(cb.noise_multiplier),
+                    "accounting": ACCOUNTING_LABELS.get(cb.mechanism, cb.mechanism),
+                    "mechanism": cb.mechanism,
+                }
         return None
 
 
@@ -95,4 +104,4 @@ def main(args: list[str] | None = None) -> DPRelCLI:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return DPRelCLI(args=args if args is not None else sys.argv[1:])
+    return DPRelCLI(args=args)
