@@ -1,0 +1,37 @@
+"""Entity-level privacy accounting for Algorithm 3 (Eq. 3, Theorem C.1, Theorem D.1 of the paper).
+
+Pure mathematics (``analysis/``, ``profiles``, ``conversion``) is apart from bookkeeping (``Accountant``);
+``mechanisms`` maps names to per-step RDP functions. Privacy unit: :data:`lightning_dprel.specs.PRIVACY_UNIT`.
+"""
+
+from lightning_dprel.accounting.accountant import Accountant
+from lightning_dprel.accounting.calibration import epsilon_for, max_steps_for, noise_multiplier_for
+from lightning_dprel.accounting.conversion import rdp_to_epsilon
+from lightning_dprel.accounting.mechanisms import (
+    MECHANISMS,
+    Mechanism,
+    get_mechanism,
+    per_step_rdp,
+    register_mechanism,
+    registered_mechanisms,
+)
+from lightning_dprel.accounting.orders import DEFAULT_ORDERS
+from lightning_dprel.accounting.profiles import freq_corrected_profile, paper_profile, standard_profile
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "MECHANISMS",
+    "Accountant",
+    "Mechanism",
+    "epsilon_for",
+    "freq_corrected_profile",
+    "get_mechanism",
+    "max_steps_for",
+    "noise_multiplier_for",
+    "paper_profile",
+    "per_step_rdp",
+    "rdp_to_epsilon",
+    "register_mechanism",
+    "registered_mechanisms",
+    "standard_profile",
+]

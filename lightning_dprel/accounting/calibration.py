@@ -1,0 +1,169 @@
+"""Calibration: the noise multiplier for a privacy budget, and the step budget for a noise multiplier.
+
+Both search the mechanism's per-step RDP (composed linearly over steps, converted by Balle et al. 2020),
+so they inherit its upper-bound guarantee: the returned σ (resp. T) never overshoots the target ε.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
+from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier
+from lightning_dprel.accounting.orders import as_orders
+from lightning_dprel.specs import SamplingSpec
+
+__all__ = ["noise_multiplier_for", "max_steps_for", "epsilon_for"]
+
+SIGMA_MIN = 0.1
+SIGMA_MAX = 1e4
+
+
+def _check_target(target_epsilon: float) -> float:
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float, np.floating, np.integer)):
+        raise TypeError(f"`target_epsilon` must be a float > 0, got {type(target_epsilon).__name__}.")
+    target = float(target_epsilon)
+    if not (target > 0.0) or math.isinf(target):
+        raise ValueError(f"`target_epsilon` must be > 0 and finite, got {target_epsilon}.")
+    return target
+
+
+def _check_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+        raise TypeError(f"`steps` must be an int >= 1, got {type(steps).__name__} ({steps!r}).")
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got {steps}.")
+    return int(steps)
+
+
+def epsilon_for(
+    *, delta: float, steps: int, sampling: SamplingSpec, noise_multiplier: float,
+    mechanism: str = "freq_corrected", orders: object = None,
+) -> tuple[float, float]:
+    """(ε, best α) after ``steps`` identical steps (RDP composition, then the paper's Theorem D.1)."""
+    grid = as_orders(orders)
+    rdp = _lookup(mechanism, sampling, check_noise_multiplier(noise_multiplier), _orders_key(grid))
+    return rdp_to_epsilon(grid, _check_steps(steps) * rdp, check_delta(delta))
+
+
+def noise_multiplier_for(
+    target_epsilon: float, *, delta: float, steps: int, sampling: SamplingSpec,
+    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None,
+) -> float:
+    """The smallest σ (to ``tol``) whose ε after ``steps`` steps is ≤ ``target_epsilon``.
+
+    Bracketing in log σ, then a secant (Illinois) search on log ε(log σ) safeguarded by bisection; ε is
+    non-increasing in σ. The returned σ always satisfies ε(σ) ≤ target, and ε(σ) ≥ (1 − tol)·target unless σ hits the
+    search floor 0.1 (then every σ ≥ 0.1 meets the target) or the bracket shrinks below 1e-9 relative.
+
+    Args:
+        target_epsilon: ε* > 0. delta: δ ∈ (0, 1). steps: T ≥ 1. sampling: the datamodule's SamplingSpec.
+        mechanism: registered mechanism name. tol: relative ε tolerance in (0, 1). orders: Rényi orders.
+
+    Raises:
+        ValueError: on bad input, or if even σ = 10⁴ cannot meet the target.
+    """
+    target = _check_target(target_epsilon)
+    delta = check_delta(delta)
+    steps = _check_steps(steps)
+    if not (0.0 < float(tol) < 1.0):
+        raise ValueError(f"`tol` must be in (0, 1), got {tol}.")
+    grid = as_orders(orders)
+    key = _orders_key(grid)
+
+    def eps(sigma: float) -> float:
+        return rdp_to_epsilon(grid, steps * _lookup(mechanism, sampling, sigma, key), delta)[0]
+
+    # Bracket: lo has ε > target, hi has ε ≤ target.
+    sigma = 1.0
+    e = eps(sigma)
+    if e <= target:
+        hi, e_hi = sigma, e
+        while True:
+            lo = hi / 2.0
+            if lo < SIGMA_MIN:
+                if eps(SIGMA_MIN) <= target:
+                    return SIGMA_MIN
+                lo = SIGMA_MIN
+            e_lo = eps(lo)
+            if e_lo > target:
+                break
+            hi, e_hi = lo, e_lo
+    else:
+        lo, e_lo = sigma, e
+        while True:
+            hi = lo * 2.0
+            if hi > SIGMA_MAX:
+                raise ValueError(
+                    f"`target_epsilon`={target} is not reachable with noise_multiplier <= {SIGMA_MAX:g} after "
+                    f"{steps} steps; raise the target or lower the steps / sampling rate."
+                )
+            e_hi = eps(hi)
+            if e_hi <= target:
+                break
+            lo, e_lo = hi, e_hi
+    # Illinois regula falsi on f(x) = log ε(e^x) − log target, safeguarded: a step that does not halve the
+    # bracket is followed by a bisection (ε(σ) can bend sharply where the best order switches).
+    x_lo, x_hi = math.log(lo), math.log(hi)
+    ft = math.log(target * (1.0 - 0.5 * tol))  # aim at the middle of the accepted window [(1−tol)·ε*, ε*]
+    f_lo = math.log(e_lo) - ft
+    f_hi = (math.log(e_hi) - ft) if e_hi > 0 else -1e3
+    side, bisect_next = 0, False
+    for _ in range(200):
+        if e_hi >= (1.0 - tol) * target or (x_hi - x_lo) < 1e-9:
+            break
+        width = x_hi - x_lo
+        x = 0.5 * (x_lo + x_hi)
+        if not bisect_next and f_hi != f_lo:
+            x_sec = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
+            if x_lo < x_sec < x_hi:
+                x = x_sec
+        e_x = eps(math.exp(x))
+        f_x = (math.log(e_x) - ft) if e_x > 0 else -1e3
+        if e_x <= target:
+            x_hi, f_hi, e_hi = x, f_x, e_x
+            if side == 1:
+                f_lo /= 2.0
+            side = 1
+        else:
+            x_lo, f_lo = x, f_x
+            if side == -1:
+                f_hi /= 2.0
+            side = -1
+        bisect_next = (not bisect_next) and (x_hi - x_lo) > 0.5 * width
+    return math.exp(x_hi)
+
+
+def max_steps_for(
+    target_epsilon: float, *, delta: float, noise_multiplier: float, sampling: SamplingSpec,
+    mechanism: str = "freq_corrected", orders: object = None, max_steps: int = 2**62,
+) -> int:
+    """The largest T with ε(T steps) ≤ ``target_epsilon`` (0 if even one step exceeds it).
+
+    Exponential then binary search over T on the linearly composed per-step RDP.
+    """
+    target = _check_target(target_epsilon)
+    delta = check_delta(delta)
+    grid = as_orders(orders)
+    rdp = _lookup(mechanism, sampling, check_noise_multiplier(noise_multiplier), _orders_key(grid))
+
+    def ok(t: int) -> bool:
+        return rdp_to_epsilon(grid, t * rdp, delta)[0] <= target
+
+    if not ok(1):
+        return 0
+    good, bad = 1, 2
+    while ok(bad):
+        good = bad
+        if bad >= max_steps:
+            return max_steps
+        bad = min(max_steps, bad * 2)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
