@@ -17,6 +17,8 @@ _LAZY = {
     "DPRelationalModule": "lightning_dprel.module",
     "TextEncoder": "lightning_dprel.encoders",
     "MLPEncoder": "lightning_dprel.encoders",
+    "DPOptimizer": "lightning_dprel.optim",
+    "NoiseSource": "lightning_dprel.optim",
     "Accountant": "lightning_dprel.accounting",
 }
 

@@ -72,7 +72,8 @@ class DPRelCLI(LightningCLI):
     def after_fit(self) -> None:
         tuned = _metrics(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
         privacy = self._privacy_summary()
-        name = getattr(self.datamodule, "name", "") or type(self.datamodule).__name__
+        source = getattr(self.datamodule, "source", None)
+        name = repr(source) if source is not None else type(self.datamodule).__name__
         report = format_report(self._base, tuned, privacy, f"Zero-shot relation prediction on: {name}")
         if self.trainer.is_global_zero:
             print("\n" + report, flush=True)
