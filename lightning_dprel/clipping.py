@@ -66,9 +66,15 @@ def per_tuple_norms(grads: PerTupleGrads) -> Tensor:
 
 
 def clip_factors(norms: Tensor, thresholds: Tensor | float) -> Tensor:
-    """factor_i = 1 / max{1, ‖g_i‖ / t_i} = min{1, t_i / ‖g_i‖}, so ‖factor_i·g_i‖ = min{‖g_i‖, t_i}."""
+    """factor_i = 1 / max{1, ‖g_i‖ / t_i} = min{1, t_i / ‖g_i‖}, so ‖factor_i·g_i‖ = min{‖g_i‖, t_i}.
+
+    A tuple with a non-finite norm (NaN/inf entries, or a squared norm that overflows) gets factor 0 and is
+    dropped by :func:`apply_factors` / :func:`weighted_sum`: otherwise one tuple would turn the whole noised
+    sum into NaN, an event of unbounded sensitivity. 0 is within every threshold, so the analysis holds.
+    """
     thresholds = torch.as_tensor(thresholds, dtype=norms.dtype, device=norms.device)
-    return thresholds / torch.maximum(norms, thresholds)
+    factors = thresholds / torch.maximum(norms, thresholds)
+    return torch.where(torch.isfinite(norms), factors, torch.zeros((), dtype=factors.dtype, device=factors.device))
 
 
 def freq_clip_thresholds(max_freq: Tensor, clip_norm: float) -> Tensor:
@@ -98,22 +104,38 @@ def standard_clip_factors(grads: PerTupleGrads, *, clip_norm: float) -> Tensor:
     return clip_factors(per_tuple_norms(grads), _check_clip_norm(clip_norm))
 
 
-def _scale(t: Tensor, factors: Tensor) -> Tensor:
-    return t * factors.to(t.dtype).reshape((-1,) + (1,) * (t.dim() - 1))
+def _dropped(factors: Tensor) -> Tensor | None:
+    """Mask of the tuples with factor 0 (non-finite norms), or None when there are none (the usual case)."""
+    zero = factors == 0
+    return zero if bool(zero.any()) else None
+
+
+def _zero_rows(t: Tensor, dropped: Tensor | None) -> Tensor:
+    """``t`` with the dropped tuples set to 0 (0·NaN would still be NaN)."""
+    if dropped is None:
+        return t
+    return torch.where(dropped.reshape((-1,) + (1,) * (t.dim() - 1)), torch.zeros((), dtype=t.dtype, device=t.device), t)
+
+
+def _scale(t: Tensor, factors: Tensor, dropped: Tensor | None = None) -> Tensor:
+    return _zero_rows(t, dropped) * factors.to(t.dtype).reshape((-1,) + (1,) * (t.dim() - 1))
 
 
 def apply_factors(grads: PerTupleGrads, factors: Tensor) -> PerTupleGrads:
     """The clipped per-tuple gradients factor_i·g_i, in the structure of ``grads``."""
+    dropped = _dropped(factors)
     if isinstance(grads, Tensor):
-        return _scale(grads, factors)
-    return {name: _scale(t, factors) for name, t in grads.items()}
+        return _scale(grads, factors, dropped)
+    return {name: _scale(t, factors, dropped) for name, t in grads.items()}
 
 
 def weighted_sum(grads: PerTupleGrads, factors: Tensor) -> PerTupleGrads:
     """Σ_i factor_i·g_i without materialising the clipped copies; drops the leading ``B`` dimension."""
 
+    dropped = _dropped(factors)
+
     def one(t: Tensor) -> Tensor:
-        return torch.tensordot(factors.to(t.dtype), t, dims=([0], [0]))
+        return torch.tensordot(factors.to(t.dtype), _zero_rows(t, dropped), dims=([0], [0]))
 
     if isinstance(grads, Tensor):
         return one(grads)

@@ -155,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "epsilon":
         print(f"epsilon = {eps:.6g} at order {order:g} (delta = {delta:.3g}, {mech}: {out['description']})")
     else:
-        print(f"noise_multiplier = {sigma:.6g} (epsilon = {eps:.6g} <= {args.target_epsilon:g}, delta = {delta:.3g})")
+        print(
+            f"noise_multiplier = {sigma:.6g} (epsilon = {eps:.6g} <= {args.target_epsilon:g}, delta = {delta:.3g}, "
+            f"{mech}: {out['description']})"
+        )
     return 0
 
 
