@@ -159,6 +159,7 @@ class PrivacyCallback(Callback):
         self._lookahead = 1  # optimizer steps per training batch, as last observed
         self._pending_state: Optional[dict[str, Any]] = None
         self._warned_paper = False
+        self._warned_delta = False
 
     # ------------------------------------------------------------------ public read-outs
     @property
@@ -311,6 +312,14 @@ class PrivacyCallback(Callback):
             self.accountant = Accountant(self.mechanism, orders=self.orders)
         if self.delta is None:
             self.delta = 1.0 / sampling.num_edges  # the paper's δ = 1/|E_train|, edges after capping
+        if self.delta >= 1.0 / sampling.num_nodes and not self._warned_delta:
+            self._warned_delta = True
+            rank_zero_warn(
+                f"PrivacyCallback: δ = {self.delta:.3g} is not below 1/n = {1.0 / sampling.num_nodes:.3g} (n = "
+                f"{sampling.num_nodes} entities). The privacy unit is an entity, so a δ ≥ 1/n allows releasing "
+                "one entity outright; pass a smaller `delta` (e.g. 1/(10·n)) for a meaningful guarantee.",
+                category=UserWarning,
+            )
 
     def _restore_budget_settings(self, state: dict[str, Any]) -> None:
         for name, ours, saved in (

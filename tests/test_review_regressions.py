@@ -68,3 +68,38 @@ def test_accounting_cli_names_the_mechanism_behind_a_calibrated_sigma(capsys):
     assert "freq_paper" in line and "Proposition 4.1 does not hold" in line
     assert main(["noise-multiplier", *base]) == 0
     assert "freq_corrected" in capsys.readouterr().out
+
+
+def test_accountant_refuses_tiny_noise_multiplier_quickly() -> None:
+    """σ far below the tested range used to run for minutes; now it is refused, naming the parameter."""
+    from lightning_dprel.accounting import per_step_rdp
+    from lightning_dprel.specs import SamplingSpec
+
+    spec = SamplingSpec(num_nodes=1000, num_edges=2000, max_degree=3, sampling_rate=0.01, neg_per_pos=2,
+                        expected_batch_size=20.0, steps_per_epoch=100)
+    with pytest.raises(ValueError, match=r"`noise_multiplier` must be >= 0.1, got 0.01"):
+        per_step_rdp("freq_corrected", spec, 0.01)
+    assert per_step_rdp("freq_corrected", spec, 0.1).shape[0] > 100
+
+
+def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
+    """δ = 1/m (the paper's default) can exceed 1/n for an entity-level unit; the callback says so."""
+    from callbacks import PrivacyCallback
+    from lightning_dprel.specs import SamplingSpec
+
+    few_edges = SamplingSpec(num_nodes=1000, num_edges=500, max_degree=3, sampling_rate=0.02, neg_per_pos=2,
+                             expected_batch_size=10.0, steps_per_epoch=50)
+    many_edges = SamplingSpec(num_nodes=100, num_edges=500, max_degree=5, sampling_rate=0.02, neg_per_pos=2,
+                              expected_batch_size=10.0, steps_per_epoch=50)
+    cb = PrivacyCallback(target_epsilon=4.0)
+    cb.mechanism = "freq_corrected"
+    with pytest.warns(UserWarning, match=r"δ = 0.002 is not below 1/n = 0.001"):
+        cb._start_accountant(few_edges)
+    quiet = PrivacyCallback(target_epsilon=4.0)
+    quiet.mechanism = "freq_corrected"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet._start_accountant(many_edges)
+    assert quiet.delta == pytest.approx(1 / 500)

@@ -111,6 +111,10 @@ def get_mechanism(name: str) -> Mechanism:
     return _REGISTRY[name]
 
 
+#: Smallest σ the accountant accepts (its numerics are tested from 0.3 up; calibration never goes below 0.1).
+SIGMA_FLOOR = 0.1
+
+
 def check_noise_multiplier(noise_multiplier: float) -> float:
     """Return σ as a float, or raise unless it is a finite number > 0."""
     if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float, np.floating, np.integer)):
@@ -122,6 +126,12 @@ def check_noise_multiplier(noise_multiplier: float) -> float:
         raise ValueError(
             f"`noise_multiplier` must be > 0 and finite, got {noise_multiplier}; a private step needs noise "
             "(use mechanism 'none' only for the non-private baseline, which is not accounted)."
+        )
+    if sigma < SIGMA_FLOOR:
+        raise ValueError(
+            f"`noise_multiplier` must be >= {SIGMA_FLOOR}, got {noise_multiplier}: below it the accountant's "
+            "quadrature is untested and slow (minutes per order grid), and the ε would be in the hundreds anyway. "
+            "Raise the noise multiplier (or calibrate it from a target ε)."
         )
     return sigma
 
