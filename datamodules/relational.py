@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from pytorch_lightning import LightningDataModule
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 from torch_geometric.data import Data
@@ -29,18 +32,20 @@ from lightning_dprel.batch import RankingBatch, TupleBatch
 from lightning_dprel.sampling import (
     CAPPING_POLICIES,
     cap_degree,
+    edge_priority,
     max_freq,
     neg_sample_wor,
     poisson_positives,
     sample_eval_candidates,
     sample_without_replacement,
+    secret_generator,
     to_simple_undirected,
 )
 from lightning_dprel.specs import SamplingSpec
 
-__all__ = ["RelationalDataModule", "derive_seed", "slice_rows"]
+__all__ = ["RelationalDataModule", "derive_seed", "secret_generator", "held_out_mask", "slice_rows"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 def derive_seed(seed: int, *tags: Any) -> int:
@@ -51,6 +56,25 @@ def derive_seed(seed: int, *tags: Any) -> int:
 
 def _generator(seed: int, *tags: Any) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, *tags))
+
+
+def held_out_mask(edges: Tensor, fraction: float, salt: int) -> Tensor:
+    """Held-out (test) membership per edge: ``edge_priority(canonical edge, salt) < fraction·2^63``.
+
+    Each edge's membership depends only on its own endpoints and the salt, never on the other edges or
+    on its position, so removing a node changes the membership of its own edges only. The number of
+    held-out edges is Binomial(E, fraction).
+    """
+    canonical = torch.stack([torch.minimum(edges[0], edges[1]), torch.maximum(edges[0], edges[1])])
+    return edge_priority(canonical, salt) < int(fraction * 2**63)
+
+
+def _broadcast_int64(value: int) -> int:
+    """Rank 0's signed 64-bit ``value`` on every rank (CUDA tensor under NCCL)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    box = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(box, src=0)
+    return int(box.item())
 
 
 @contextmanager
@@ -217,22 +241,34 @@ class RelationalDataModule(LightningDataModule):
     """Coupled relational sampling (Algorithms 2-3) over any PyG graph, for entity-level DP training.
 
     Graph preparation (in :meth:`setup`, identical on every rank): self-loops, duplicate and reverse
-    edges removed; edges treated as undirected relations. Without a separate test graph, a seeded
-    ``test_fraction`` of the relations is held out for evaluation *before* capping. The training
+    edges removed; edges treated as undirected relations. Without a separate test graph, each relation is
+    held out for evaluation *before* capping iff a seeded hash of its canonical endpoints falls below
+    ``test_fraction`` (:func:`held_out_mask`; the held-out count is Binomial(E, test_fraction), and removing
+    a node changes the membership of its own relations only). The training
     relations are degree-capped to K (:func:`~lightning_dprel.sampling.cap_degree`; see there what the
     guarantee covers under ``"drop"`` and ``"assert"``), giving m capped edges and γ = b/m.
 
     Training stream: per step, E⁺ ~ Poisson(Ē, γ) then NEG-SAMPLE-WOR (|E⁺|·k distinct nodes from all n,
     independent of which positives were drawn, each paired with a uniformly random end of its positive).
     An empty E⁺ yields a real, empty :class:`TupleBatch`. Positives and negatives come from two separate
-    seeded generator streams, so the negatives depend on the positives only through their counts. Each
+    generator streams, so the negatives depend on the positives only through their counts. Each
     ``iter()`` of the loader continues the stream after the last batch handed out (a sized loader, so
     Lightning does not prefetch): an epoch is ``steps_per_epoch`` draws (default ceil(1/γ)), never a
     replay; the stream position (epoch, index, both generator states) is in :meth:`state_dict` (and the
     train loader's), so a resumed run draws exactly the batches an uninterrupted one would; :meth:`seek`
-    rebuilds any (epoch, index) position from the seed alone.
+    rebuilds any (epoch, index) position from the sampling seed alone.
 
-    DDP: every rank draws the same global batch (same seed, same streams); ``max_freq`` is computed on the
+    Public vs secret randomness: ``seed`` drives only the public preprocessing (held-out split, capping
+    priorities, evaluation queries and candidates). The two training streams are driven by the SECRET
+    ``sampling_seed`` (:func:`secret_generator`; the full mt19937 state is derived from the 64-bit secret,
+    lifting torch's 32-bit ``manual_seed`` limit): amplification by subsampling assumes nobody can tell
+    which relations were drawn. ``sampling_seed=None`` (the default) draws it from ``os.urandom`` in
+    :meth:`setup`, broadcast from rank 0 when ``torch.distributed`` is initialised so all ranks draw the
+    same global batches; an explicit one is reproducible but warned about (the guarantee then assumes it
+    stays secret). :meth:`state_dict` (and so every checkpoint) holds the secret and both generator
+    states: keep checkpoints as secret as the data.
+
+    DDP: every rank draws the same global batch (same sampling seed, same streams); ``max_freq`` is computed on the
     global batch; rank r then keeps a contiguous block of rows (:func:`slice_rows`: ``tensor_split`` of
     the B tuples into world-size parts). World size and rank come from the attached trainer (else 1, 0).
     The loaders wrap ``IterableDataset``s, which Lightning 2.x never re-wraps with a
@@ -262,7 +298,11 @@ class RelationalDataModule(LightningDataModule):
         eval_candidates: None (rank against all test nodes) or N (v plus N sampled negatives).
         max_eval_queries: at most this many test relations (a seeded subset); None for all.
         eval_batch_size: queries per RankingBatch.
-        seed: seeds every stream (split, capping, positives, negatives, evaluation candidates).
+        seed: the PUBLIC preprocessing seed (held-out split, capping priorities, evaluation queries and
+            candidates).
+        sampling_seed: the SECRET seed of the positive and negative streams, an int in [0, 2^64); None
+            (default) draws 64 bits from ``os.urandom`` (rank 0's, under DDP). An explicit value is for
+            reproducible experiments and tests and voids amplification by subsampling unless kept secret.
         steps_per_epoch: draws per epoch; None for ceil(1/γ).
         max_overflow_probability: refuse a configuration when P(|E⁺|·k > n) exceeds this (binomial tail).
 
@@ -308,6 +348,7 @@ class RelationalDataModule(LightningDataModule):
         max_eval_queries: int | None = None,
         eval_batch_size: int = 256,
         seed: int = 0,
+        sampling_seed: int | None = None,
         steps_per_epoch: int | None = None,
         max_overflow_probability: float = 1e-9,
     ) -> None:
@@ -317,6 +358,16 @@ class RelationalDataModule(LightningDataModule):
         _check_int("max_length", max_length, 1)
         _check_int("eval_batch_size", eval_batch_size, 1)
         _check_int("seed", seed, 0)
+        if sampling_seed is not None:
+            _check_int("sampling_seed", sampling_seed, 0, " Use None to draw one from os.urandom.")
+            if sampling_seed >= 1 << 64:
+                raise ValueError("`sampling_seed` must be < 2**64, got a larger int; use None to draw one from os.urandom.")
+            rank_zero_warn(
+                "RelationalDataModule(sampling_seed=<int>) makes the training batches reproducible: amplification by "
+                "subsampling (and so the privacy guarantee) then assumes the seed is kept secret. Use "
+                "sampling_seed=None for private runs.",
+                category=UserWarning,
+            )
         if capping not in CAPPING_POLICIES:
             raise ValueError(f"`capping` must be one of {CAPPING_POLICIES}, got {capping!r}.")
         if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, (int, float)):
@@ -346,6 +397,9 @@ class RelationalDataModule(LightningDataModule):
         self.max_eval_queries = max_eval_queries
         self.eval_batch_size = eval_batch_size
         self.seed = seed
+        self.sampling_seed = sampling_seed
+        self._secret: int | None = sampling_seed  # resolved in setup(); never logged
+        self._secret_synced = sampling_seed is not None  # an explicit seed is the same on every rank
         self.steps_per_epoch = steps_per_epoch
         self.max_overflow_probability = float(max_overflow_probability)
         self._spec: SamplingSpec | None = None
@@ -354,7 +408,11 @@ class RelationalDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str | None = None) -> None:
-        """Load, clean, split, cap and tokenise once (idempotent; the same on every rank)."""
+        """Load, clean, split, cap and tokenise once (idempotent; the same on every rank).
+
+        Also fixes the secret sampling seed (drawn from ``os.urandom`` when None; rank 0's under DDP).
+        """
+        self._resolve_secret()
         if self._spec is not None:
             return
         if self.source is None:
@@ -369,15 +427,18 @@ class RelationalDataModule(LightningDataModule):
         n = _num_nodes(train, "source")
         self.train_inputs = _node_inputs(train, n, tok, self.max_length, "source")
         oriented = _oriented_simple(train, n, "source")
-        if test is None:  # held-out split of the same graph, before capping
-            perm = torch.randperm(oriented.shape[1], generator=_generator(self.seed, "split"))
-            n_test = max(1, round(self.test_fraction * oriented.shape[1]))
-            if n_test >= oriented.shape[1]:
+        if test is None:  # held-out split of the same graph, before capping: a per-relation hash decision
+            salt = int(torch.randint(0, 2**62, (1,), generator=_generator(self.seed, "split")))
+            held_out = held_out_mask(oriented, self.test_fraction, salt)
+            n_test, total = int(held_out.sum()), oriented.shape[1]
+            if n_test == 0 or n_test == total:
+                side = "none for evaluation" if n_test == 0 else "none for training"
                 raise ValueError(
-                    f"`source` has {oriented.shape[1]} relation(s); holding out test_fraction={self.test_fraction} "
-                    "leaves none for training. Lower test_fraction or pass a `test_source`."
+                    f"`source` has {total} relation(s); the seeded per-relation split with "
+                    f"test_fraction={self.test_fraction} (seed={self.seed}) leaves {side}. Change test_fraction or "
+                    "seed, or pass a `test_source`."
                 )
-            test_edges, oriented = oriented[:, perm[:n_test]], oriented[:, perm[n_test:]]
+            test_edges, oriented = oriented[:, held_out], oriented[:, ~held_out]
             self.test_num_nodes, self.test_inputs = n, self.train_inputs
         else:
             self.test_num_nodes = _num_nodes(test, "test_source")
@@ -460,6 +521,16 @@ class RelationalDataModule(LightningDataModule):
         return self._spec
 
     # --------------------------------------------------------------- training
+    def _resolve_secret(self) -> int:
+        """The secret sampling seed: drawn from ``os.urandom`` once, then rank 0's on every rank (DDP)."""
+        if self._secret is None:
+            self._secret = int.from_bytes(os.urandom(8), "little")
+        if not self._secret_synced and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            signed = self._secret - (1 << 64) if self._secret >= 1 << 63 else self._secret
+            self._secret = _broadcast_int64(signed) % (1 << 64)
+            self._secret_synced = True
+        return self._secret
+
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         if trainer is None:
@@ -470,8 +541,8 @@ class RelationalDataModule(LightningDataModule):
         return {
             "epoch": 0,
             "index": 0,
-            "pos_state": _generator(self.seed, "positives").get_state(),
-            "neg_state": _generator(self.seed, "negatives").get_state(),
+            "pos_state": secret_generator(self._resolve_secret(), "sampling", "positives").get_state(),
+            "neg_state": secret_generator(self._resolve_secret(), "sampling", "negatives").get_state(),
         }
 
     def draw_global(self, pos_gen: torch.Generator, neg_gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -604,11 +675,11 @@ class RelationalDataModule(LightningDataModule):
         return self.val_dataloader()
 
     def seek(self, epoch: int, index: int = 0) -> None:
-        """Position the training stream at batch ``index`` of ``epoch``, replaying the draws from the seed.
+        """Position the training stream at batch ``index`` of ``epoch``, replaying the draws from the sampling seed.
 
-        The stream is one generator sequence per kind (torch's CPU generator takes 32-bit seeds, so per-step
-        reseeding would repeat batches after ~10^5 steps); any position is reproducible from the seed by
-        replaying, at the cost of one draw per earlier step.
+        The stream is one generator sequence per kind (per-step reseeding would repeat batches); any
+        position is reproducible from the secret sampling seed by replaying, at the cost of one draw per
+        earlier step.
         """
         spec = self.sampling_spec
         _check_int("epoch", epoch, 0)
@@ -632,9 +703,15 @@ class RelationalDataModule(LightningDataModule):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The training stream's position after the last consumed batch (epoch, index, generator states)."""
+        """The training stream's position after the last consumed batch (epoch, index, generator states).
+
+        SECRET: it holds the sampling seed and both generator states, from which every past and future
+        batch can be recomputed; keep checkpoints as confidential as the training data.
+        """
         cursor = self._cursor or self._pending_state
         state: dict[str, Any] = {"version": _STATE_VERSION, "seed": self.seed}
+        if self._secret is not None:
+            state["sampling_seed"] = self._secret
         if self._spec is not None:
             state["spec"] = [self._spec.num_edges, self._spec.steps_per_epoch]
         if cursor is not None:
@@ -655,6 +732,15 @@ class RelationalDataModule(LightningDataModule):
                 f"the checkpoint's sampling stream was drawn with seed={state_dict['seed']}, this datamodule has "
                 f"seed={self.seed}; resume with the same seed."
             )
+        if "sampling_seed" in state_dict:
+            saved = int(state_dict["sampling_seed"])
+            if self.sampling_seed is not None and saved != self.sampling_seed:
+                raise ValueError(
+                    "the checkpoint's sampling stream was drawn with another `sampling_seed` than this datamodule's "
+                    "(values not shown: they are secret); resume with the same sampling_seed, or sampling_seed=None "
+                    "to take the checkpoint's."
+                )
+            self._secret, self._secret_synced = saved, True  # every rank loads the same checkpoint
         if "pos_state" not in state_dict:
             self._pending_state, self._cursor = None, None
             return

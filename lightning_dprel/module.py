@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from pytorch_lightning import LightningModule
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_dprel.batch import RankingBatch, TupleBatch
@@ -107,10 +108,19 @@ class DPRelationalModule(LightningModule):
         accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or ``"paper"`` (Eq. 3).
         clip_norm: C.
         noise_multiplier: σ (the privacy callback may calibrate it via :meth:`set_noise_multiplier`).
-        noise_seed: seed of the dedicated noise generator; None draws one from ``os.urandom``.
-        secure_noise: cryptographically seeded noise, never written to checkpoints (needs ``noise_seed=None``).
+        noise_seed: seed of the dedicated noise generator; None (default) draws one from ``os.urandom``
+            (broadcast from rank 0 under DDP; ``hparams`` then records None, never the drawn seed). A given
+            seed makes runs reproducible but **voids the guarantee unless kept secret** (anyone who knows it
+            regenerates the noise, ε = ∞); a warning says so. Checkpoints of a seeded run hold the generator
+            state (``checkpoint["lightning_dprel"]["noise"]`` and the optimizer state), which is equally secret.
+        secure_noise: draw every noise vector from the OS CSPRNG (float64 Box–Muller from ``os.urandom``,
+            rank 0 draws and broadcasts under DDP); nothing about it is written to checkpoints (needs
+            ``noise_seed=None``).
         vmap_chunk_size: tuples per vmap chunk (None: the whole slice at once).
         optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
+        log_train_metrics: log ``train_loss`` and ``train_clipped_fraction``. They are computed from the
+            private batch without noise and are **outside the DP guarantee** (a warning says so); default
+            False logs nothing computed from the private batch.
     """
 
     def __init__(
@@ -127,10 +137,11 @@ class DPRelationalModule(LightningModule):
         accounting: str = "corrected",
         clip_norm: float = 1.0,
         noise_multiplier: float = 1.0,
-        noise_seed: int | None = 0,
+        noise_seed: int | None = None,
         secure_noise: bool = False,
         vmap_chunk_size: int | None = None,
         optimizer: str = "adam",
+        log_train_metrics: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(encoder, nn.Module):
@@ -146,7 +157,22 @@ class DPRelationalModule(LightningModule):
             noise_multiplier=float(noise_multiplier), clip_norm=float(clip_norm), clipping=clipping, accounting=accounting
         )
         self.encoder = encoder
+        if not isinstance(log_train_metrics, bool):
+            raise TypeError(f"`log_train_metrics` must be a bool, got {type(log_train_metrics).__name__}.")
         self.noise_source = NoiseSource(seed=noise_seed, secure=secure_noise)
+        if noise_seed is not None:
+            rank_zero_warn(
+                "DPRelationalModule(noise_seed=<int>) makes the noise reproducible: anyone who knows the seed "
+                "(or a checkpoint's noise state) can regenerate and remove the noise, which voids the privacy "
+                "guarantee unless the seed is kept secret. Use noise_seed=None (or secure_noise=True) for private runs.",
+                category=UserWarning,
+            )
+        if log_train_metrics:
+            rank_zero_warn(
+                "DPRelationalModule(log_train_metrics=True) logs train_loss and train_clipped_fraction, computed from "
+                "the private batch without noise: these values are outside the differential-privacy guarantee.",
+                category=UserWarning,
+            )
         self.automatic_optimization = False
         self.save_hyperparameters(ignore=["encoder"])
         self._dp_optimizer: DPOptimizer | None = None
@@ -230,6 +256,8 @@ class DPRelationalModule(LightningModule):
         result = self.per_tuple(batch)
         dp.record(result.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
         opt.step()
+        if not self.hparams.get("log_train_metrics", False):
+            return  # nothing computed from the private batch leaves the step un-noised
         totals = torch.stack([result.losses.sum().to(torch.float64), torch.tensor(float(result.size), dtype=torch.float64, device=result.losses.device)])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(totals)
@@ -265,6 +293,7 @@ class DPRelationalModule(LightningModule):
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Store the noise state (SECRET for a seeded source: it regenerates all later noise; empty if secure)."""
         checkpoint["lightning_dprel"] = {
             "noise": self.noise_source.state_dict(),
             "noise_spec": self._noise_spec.to_dict(),

@@ -6,8 +6,9 @@ per-tuple gradients and runs, in order:
 1. :meth:`DPOptimizer.clip` — FREQ-CLIP factors (Algorithm 1), standard clipping to C, or none;
 2. :meth:`DPOptimizer.sum_clipped` — Σ_i factor_i·g(T_i);
 3. :meth:`DPOptimizer.all_reduce` — sum over ranks when ``torch.distributed`` is initialised;
-4. :meth:`DPOptimizer.add_noise` — N(0, σ²C²I) once per step, from a dedicated generator whose state is
-   the same on every rank (so the noise is drawn once globally and parameters stay identical);
+4. :meth:`DPOptimizer.add_noise` — N(0, σ²C²I) once per step, the same on every rank (so the noise is
+   drawn once globally and parameters stay identical): from a dedicated generator whose state is the same
+   on every rank, or (``secure=True``) from the OS CSPRNG on rank 0, broadcast to the others;
 5. :meth:`DPOptimizer.scale` — divide by the *expected* batch size b, never the realised one;
 6. the wrapped optimizer steps.
 
@@ -22,6 +23,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -34,31 +36,69 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_dprel.clipping import clip_factors, freq_clip_thresholds, per_tuple_norms, weighted_sum
+from lightning_dprel.sampling import secret_generator
 from lightning_dprel.specs import CLIPPING_MODES, NoiseSpec
 
-__all__ = ["NoiseSource", "DPOptimizer"]
+__all__ = ["NoiseSource", "DPOptimizer", "csprng_normal"]
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _broadcast_from_rank0(t: Tensor) -> Tensor:
+    """Rank 0's ``t`` on every rank (on the current CUDA device under NCCL), back on ``t``'s device."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    box = t.to(device)
+    dist.broadcast(box, src=0)
+    return box.to(t.device)
+
+
+def csprng_normal(numel: int, std: float) -> Tensor:
+    """``numel`` float64 draws of N(0, std²) from the OS CSPRNG (``os.urandom``), by Box–Muller.
+
+    Each uniform is built from 53 random bits of ``os.urandom`` (u1 in (0, 1], u2 in [0, 1)), so no
+    pseudo-random generator state exists that could be recovered or saved; the Gaussian is computed in
+    float64 and cast by the caller.
+    """
+    if numel == 0:
+        return torch.empty(0, dtype=torch.float64)
+    pairs = (numel + 1) // 2
+    words = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64)
+    bits = torch.bitwise_right_shift(words, 11).bitwise_and_((1 << 53) - 1).to(torch.float64)  # 53-bit ints
+    u1 = (bits[:pairs] + 1.0) * 2.0**-53  # (0, 1]: log never sees 0
+    u2 = bits[pairs:] * 2.0**-53  # [0, 1)
+    radius = torch.sqrt(-2.0 * torch.log(u1)).mul_(std)
+    angle = u2.mul_(2.0 * math.pi)
+    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:numel]
+
+
 class NoiseSource:
-    """A dedicated, seeded Gaussian source for the private step (never the global torch seed).
+    """The Gaussian source of the private step (never the global torch seed).
+
+    Two modes:
+
+    * seeded (``secure=False``): a dedicated CPU ``torch.Generator``. ``seed=None`` (the default) draws a
+      64-bit secret from ``os.urandom`` that fills the whole mt19937 state
+      (:func:`~lightning_dprel.sampling.secret_generator`); under ``torch.distributed`` rank 0's secret is
+      broadcast at the first draw, so every rank holds the same state and draws the same noise. The
+      generator state is written to checkpoints so a resume continues the stream. **Anyone who knows the seed or the saved state can
+      regenerate the noise and subtract it (ε = ∞)**: a user-given seed is for reproducible experiments
+      and tests only (torch's ``manual_seed`` keeps only its low 32 bits), and checkpoints of a seeded
+      source must be kept as secret as the training data.
+    * secure (``secure=True``): every draw comes from the OS CSPRNG (:func:`csprng_normal`, float64
+      Box–Muller, then cast); under ``torch.distributed`` rank 0 draws and broadcasts, so every rank adds
+      the same noise. There is no state to save: checkpoints hold only ``{"secure": True}``.
 
     Args:
-        seed: the generator seed; ``None`` draws one from ``os.urandom``.
-        secure: draw the seed from ``os.urandom`` (cryptographically random) and never write the
-            generator state into checkpoints (a restore re-seeds from ``os.urandom``). Needs ``seed=None``.
-
-    Under ``torch.distributed`` a seed drawn from ``os.urandom`` is broadcast from rank 0 at the first
-    draw, so every rank holds the same state and draws the same noise.
+        seed: the generator seed; ``None`` draws one from ``os.urandom``. Must be None when ``secure``.
+        secure: draw from the OS CSPRNG (see above).
     """
 
-    def __init__(self, *, seed: int | None = 0, secure: bool = False) -> None:
+    def __init__(self, *, seed: int | None = None, secure: bool = False) -> None:
         if secure and seed is not None:
             raise ValueError(
-                f"`secure_noise=True` draws its seed from os.urandom, so `noise_seed` must be None, got {seed!r}."
+                f"`secure_noise=True` draws its noise from os.urandom, so `noise_seed` must be None, got {seed!r}."
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"`noise_seed` must be a non-negative int or None, got {seed!r}.")
@@ -68,17 +108,16 @@ class NoiseSource:
         self._pending_state: Tensor | None = None
 
     def _ensure(self) -> torch.Generator:
+        if self.secure:
+            raise RuntimeError("A secure NoiseSource has no torch.Generator; its draws come from os.urandom.")
         if self._generator is None:
-            seed = self.seed
-            random_seed = seed is None
-            if random_seed:
-                seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
-            if random_seed and _distributed():  # one seed for all ranks
-                device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-                box = torch.tensor([seed], dtype=torch.long, device=device)
-                dist.broadcast(box, src=0)
-                seed = int(box.item())
-            self._generator = torch.Generator().manual_seed(seed)
+            if self.seed is None:  # 64 secret bits fill the whole mt19937 state (manual_seed keeps 32)
+                secret = int.from_bytes(os.urandom(8), "little", signed=True)
+                if _distributed():  # one secret for all ranks
+                    secret = int(_broadcast_from_rank0(torch.tensor([secret], dtype=torch.long)).item())
+                self._generator = secret_generator(secret % (1 << 64), "noise")
+            else:
+                self._generator = torch.Generator().manual_seed(self.seed)
             if self._pending_state is not None:
                 self._generator.set_state(self._pending_state)
                 self._pending_state = None
@@ -86,16 +125,25 @@ class NoiseSource:
 
     @property
     def generator(self) -> torch.Generator:
-        """The underlying CPU ``torch.Generator`` (created on first use)."""
+        """The underlying CPU ``torch.Generator`` (created on first use; not in secure mode)."""
         return self._ensure()
 
     def normal(self, numel: int, std: float, *, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``numel`` draws of N(0, std²) on the CPU."""
+        """``numel`` draws of N(0, std²) on the CPU (the same on every rank)."""
+        if self.secure:
+            if not _distributed() or dist.get_rank() == 0:
+                draws = csprng_normal(numel, std).to(dtype)
+            else:
+                draws = torch.empty(numel, dtype=dtype)
+            return _broadcast_from_rank0(draws) if _distributed() and numel else draws
         out = torch.empty(numel, dtype=dtype)
         return out.normal_(0.0, std, generator=self._ensure()) if numel else out
 
     def state_dict(self) -> dict[str, Any]:
-        """Generator state (omitted in secure mode), so a resume never repeats earlier noise."""
+        """Generator state so a resume never repeats earlier noise (SECRET: it regenerates all later noise).
+
+        Secure mode stores nothing but ``{"secure": True}``.
+        """
         if self.secure:
             return {"secure": True}
         return {"secure": False, "seed": self.seed, "state": self._ensure().get_state().clone()}
@@ -108,8 +156,7 @@ class NoiseSource:
                 f"The checkpoint's noise source has secure={state['secure']}, this one secure={self.secure}; "
                 "resume with the same `secure_noise` setting."
             )
-        if self.secure:  # fresh cryptographic seed, never a stored state
-            self._generator = None
+        if self.secure:  # nothing stored: draws keep coming from os.urandom
             return
         self.seed = state.get("seed", self.seed)
         if self._generator is None:
@@ -136,7 +183,7 @@ class DPOptimizer(Optimizer):
         noise_multiplier: σ ≥ 0; noise std on the clipped sum is σ·C.
         clip_norm: C > 0.
         clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline; needs σ = 0).
-        noise: the :class:`NoiseSource` (default: seeded with 0).
+        noise: the :class:`NoiseSource` (default: one seeded from ``os.urandom``).
         process_group: the ``torch.distributed`` group to all-reduce over (default: the world).
 
     Example::
@@ -173,7 +220,7 @@ class DPOptimizer(Optimizer):
         self.noise_multiplier = float(noise_multiplier)
         self.clip_norm = float(clip_norm)
         self.clipping = clipping
-        self.noise = noise if noise is not None else NoiseSource(seed=0)
+        self.noise = noise if noise is not None else NoiseSource()
         self.process_group = process_group
         self._ledger = _Ledger()
         # torch.optim.Optimizer bookkeeping that hooks and profilers look up

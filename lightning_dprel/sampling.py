@@ -16,6 +16,9 @@ References:
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -29,6 +32,7 @@ __all__ = [
     "sample_without_replacement",
     "sample_eval_candidates",
     "max_freq",
+    "secret_generator",
 ]
 
 CAPPING_POLICIES = ("drop", "assert")
@@ -39,6 +43,9 @@ _GOLDEN = 0x9E3779B97F4A7C15 - _M64
 _MIX1 = 0xBF58476D1CE4E5B9 - _M64
 _MIX2 = 0x94D049BB133111EB - _M64
 _MAX_NODE_ID = (1 << 31) - 1
+_MT_WORDS = 624  # mt19937 state words in torch's CPU generator state
+_MT_OFFSET = 24  # bytes before them: int64 seed, int32 left, int32 seeded, uint64 next
+_MT_STATE_BYTES = 5056  # torch's CPUGeneratorImplState
 
 
 def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
@@ -367,3 +374,41 @@ def sample_eval_candidates(
     draws = draws + (draws >= lo[:, None]).long()
     draws = draws + (draws >= hi[:, None]).long()
     return torch.cat([target.long()[:, None], draws], dim=1)
+
+
+def secret_generator(secret: int, *tags: Any) -> torch.Generator:
+    """A CPU generator whose whole mt19937 state is derived from a secret (for secret streams, Algorithm 3).
+
+    ``torch.Generator.manual_seed`` keeps only the low 32 bits of a seed, so a secret passed through it
+    would leave 2^32 possible streams (searchable). Instead all 624 state words are filled from
+    ``shake_256(repr((secret, *tags)))``, so each secret (64 bits or more) and tag gives its own state. The
+    stream is then as unguessable as the secret; mt19937 is not a CSPRNG (enough of its raw output would
+    reveal the state), so the draws themselves must stay private too.
+
+    Args:
+        secret: a non-negative int (e.g. 64 bits from ``os.urandom``).
+        tags: names of the stream (e.g. ``"sampling", "positives"``).
+
+    Raises:
+        RuntimeError: torch's CPU generator state has an unexpected layout.
+    """
+    material = hashlib.shake_256(repr((int(secret),) + tags).encode()).digest(4 * _MT_WORDS)
+    words = torch.frombuffer(bytearray(material), dtype=torch.int32).to(torch.int64).bitwise_and_(0xFFFFFFFF)
+    words[0] |= 1 << 31  # never the all-zero state (mt19937 needs a nonzero top bit of word 0 or other word)
+    gen = torch.Generator().manual_seed(5)
+    state = gen.get_state().clone()
+    word1 = int.from_bytes(bytes(state[_MT_OFFSET + 8 : _MT_OFFSET + 16].tolist()), "little")
+    if state.numel() != _MT_STATE_BYTES or int(state[_MT_OFFSET]) != 5 or word1 != (1812433253 * 5 + 1) % 2**32:
+        raise RuntimeError(
+            f"torch's CPU generator state has {state.numel()} bytes in an unexpected layout; secret_generator "
+            "cannot fill the mt19937 words (update _MT_OFFSET/_MT_STATE_BYTES for this torch version)."
+        )
+    state[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS] = _le_bytes(words)  # each word stored as a uint64
+    gen.set_state(state)
+    return gen
+
+
+def _le_bytes(words: Tensor) -> Tensor:
+    """uint8 little-endian bytes of int64 values (8 per value)."""
+    shifts = torch.arange(0, 64, 8, dtype=torch.int64)
+    return torch.bitwise_right_shift(words[:, None], shifts).bitwise_and_(0xFF).to(torch.uint8).reshape(-1)

@@ -264,7 +264,7 @@ def test_learns_on_synthetic_graph_without_and_with_noise():
     rank_loader = _loader([ranking_batch(GRAPH.edge_index.t()[:150], {"x": GRAPH.x}, GRAPH.num_nodes)])
     results = {}
     for sigma, clipping in ((0.0, "none"), (0.5, "freq")):
-        m = _module(sigma, clipping)
+        m = _module(sigma, clipping, log_train_metrics=True)  # reads train_loss
         trainer = _trainer(max_epochs=1)
         untrained = trainer.validate(m, rank_loader, verbose=False)[0]["val_mrr"]
         log = _LossLog()
