@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from lightning_dprel.accounting.conversion import check_delta, conversion_constants, epsilon_from_constants
-from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, get_mechanism
+from lightning_dprel.accounting.mechanisms import (
+    _lookup,
+    _orders_key,
+    check_noise_multiplier,
+    check_step_count,
+    get_mechanism,
+)
 from lightning_dprel.accounting.orders import as_orders
 from lightning_dprel.specs import SamplingSpec
 
@@ -22,13 +28,6 @@ __all__ = ["Accountant"]
 
 _STATE_KEYS = ("mechanism", "orders", "history")
 
-
-def _check_num_steps(num_steps: int) -> int:
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)):
-        raise TypeError(f"`num_steps` must be an int >= 1, got {type(num_steps).__name__} ({num_steps!r}).")
-    if num_steps < 1:
-        raise ValueError(f"`num_steps` must be >= 1, got {num_steps}.")
-    return int(num_steps)
 
 
 class Accountant:
@@ -99,7 +98,7 @@ class Accountant:
     def step(self, sampling: SamplingSpec, noise_multiplier: float, num_steps: int = 1) -> None:
         """Record ``num_steps`` steps of Algorithm 3 with this sampling and σ (validated first; a failed call
         leaves the state unchanged)."""
-        num_steps = _check_num_steps(num_steps)
+        num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
         rdp = _lookup(self.mechanism, sampling, sigma, self._key)
         self._record(sampling, sigma, rdp, num_steps)
@@ -122,7 +121,7 @@ class Accountant:
         self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1
     ) -> float:
         """ε if ``num_steps`` more steps with this sampling and σ were taken (no state change)."""
-        num_steps = _check_num_steps(num_steps)
+        num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
         rdp = _lookup(self.mechanism, sampling, sigma, self._key)
         last = self._history[-1] if self._history else None

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier
+from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, check_step_count
 from lightning_dprel.accounting.orders import as_orders
 from lightning_dprel.specs import SamplingSpec
 
@@ -30,14 +30,6 @@ def _check_target(target_epsilon: float) -> float:
     return target
 
 
-def _check_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
-        raise TypeError(f"`steps` must be an int >= 1, got {type(steps).__name__} ({steps!r}).")
-    if steps < 1:
-        raise ValueError(f"`steps` must be >= 1, got {steps}.")
-    return int(steps)
-
-
 def epsilon_for(
     *, delta: float, steps: int, sampling: SamplingSpec, noise_multiplier: float,
     mechanism: str = "freq_corrected", orders: object = None,
@@ -45,7 +37,7 @@ def epsilon_for(
     """(ε, best α) after ``steps`` identical steps (RDP composition, then the paper's Theorem D.1)."""
     grid = as_orders(orders)
     rdp = _lookup(mechanism, sampling, check_noise_multiplier(noise_multiplier), _orders_key(grid))
-    return rdp_to_epsilon(grid, _check_steps(steps) * rdp, check_delta(delta))
+    return rdp_to_epsilon(grid, check_step_count("steps", steps) * rdp, check_delta(delta))
 
 
 def noise_multiplier_for(
@@ -67,7 +59,7 @@ def noise_multiplier_for(
     """
     target = _check_target(target_epsilon)
     delta = check_delta(delta)
-    steps = _check_steps(steps)
+    steps = check_step_count("steps", steps)
     if not (0.0 < float(tol) < 1.0):
         raise ValueError(f"`tol` must be in (0, 1), got {tol}.")
     grid = as_orders(orders)

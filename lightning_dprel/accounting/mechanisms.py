@@ -41,6 +41,7 @@ __all__ = [
     "registered_mechanisms",
     "per_step_rdp",
     "check_noise_multiplier",
+    "check_step_count",
     "check_sampling",
 ]
 
@@ -109,6 +110,15 @@ def get_mechanism(name: str) -> Mechanism:
     if name not in _REGISTRY:
         raise ValueError(f"`mechanism` must be one of {registered_mechanisms()}, got {name!r}.")
     return _REGISTRY[name]
+
+
+def check_step_count(name: str, value: int) -> int:
+    """Return ``value`` as an int, or raise unless it is an int >= 1 (``name`` is the argument's name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an int >= 1, got {type(value).__name__} ({value!r}).")
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {value}.")
+    return int(value)
 
 
 #: Smallest σ the accountant accepts (its numerics are tested from 0.3 up; calibration never goes below 0.1).
