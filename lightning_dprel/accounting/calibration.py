@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from lightning_dprel.accounting.analysis.binomial import bisect_int
 from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
 from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, check_step_count
 from lightning_dprel.accounting.orders import as_orders
@@ -152,10 +153,4 @@ def max_steps_for(
         if bad >= max_steps:
             return max_steps
         bad = min(max_steps, bad * 2)
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    return bisect_int(ok, good=good, bad=bad)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = ["BinomialPlan", "binomial_plan", "log_chernoff_tail"]
+__all__ = ["BinomialPlan", "binomial_plan", "bisect_int", "log_chernoff_tail"]
 
 _Z = 12.0  # central range: mean ± 12 sd
 _MAX_EXACT = 48
@@ -107,10 +107,15 @@ def _tail_edge(m: int, gamma: float, start: int, *, upper: bool) -> int:
         if small(cand):
             break
         good, step = cand, step * 2
-    bad, good = good, cand
+    return bisect_int(small, good=cand, bad=good)
+
+
+def bisect_int(pred, *, good: int, bad: int) -> int:
+    """The integer next to the boundary on ``good``'s side, for a predicate monotone between ``good`` (true)
+    and ``bad`` (false); ``good`` may lie on either side of ``bad``."""
     while abs(good - bad) > 1:
         mid = (good + bad) // 2
-        if small(mid):
+        if pred(mid):
             good = mid
         else:
             bad = mid
