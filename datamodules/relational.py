@@ -16,6 +16,7 @@ import hashlib
 import math
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -106,17 +107,17 @@ def _check_int(name: str, value: Any, minimum: int, remedy: str = "") -> None:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value}.{remedy}")
 
 
-def _as_graph(obj: Any, name: str) -> tuple[Data, Data | None]:
-    """(graph, test graph from the same source or None) from a Data, a PyG dataset or a GraphSource."""
+def _as_graph(obj: Any, name: str) -> tuple[Data, Data | None, Data | None]:
+    """(graph, test graph, validation graph from the same source or None) from a Data, a PyG dataset or a GraphSource."""
     if isinstance(obj, GraphSource):
         pair = obj.load()
-        return pair.train, pair.test
+        return pair.train, pair.test, getattr(pair, "val", None)
     if isinstance(obj, PyGDataset):
         if len(obj) == 0:
             raise ValueError(f"`{name}` is an empty PyG dataset ({type(obj).__name__}); it holds no graph.")
-        return obj[0], None
+        return obj[0], None, None
     if isinstance(obj, Data):
-        return obj, None
+        return obj, None, None
     raise TypeError(
         f"`{name}` must be a GraphSource, a torch_geometric Data or a torch_geometric Dataset, "
         f"got {type(obj).__name__}."
@@ -199,6 +200,17 @@ def _gather(inputs: dict[str, Tensor], ids: Tensor) -> dict[str, Tensor]:
     return out
 
 
+@dataclass
+class _EvalSet:
+    """One evaluation graph's cached node inputs and its ranking queries (targets, optional candidates)."""
+
+    num_nodes: int
+    inputs: dict[str, Tensor]
+    query: Tensor
+    target: Tensor
+    cands: Tensor | None
+
+
 class _TupleStream(IterableDataset):
     """The training stream: ``steps_per_epoch`` TupleBatches per ``iter()``, resumed from the datamodule's cursor."""
 
@@ -213,14 +225,15 @@ class _TupleStream(IterableDataset):
 
 
 class _RankingStream(IterableDataset):
-    def __init__(self, datamodule: RelationalDataModule) -> None:
+    def __init__(self, datamodule: RelationalDataModule, split: str = "test") -> None:
         self.datamodule = datamodule
+        self.split = split
 
     def __len__(self) -> int:
-        return self.datamodule._num_eval_batches()
+        return self.datamodule._num_eval_batches(self.split)
 
     def __iter__(self) -> Iterator[RankingBatch]:
-        return self.datamodule._iter_eval()
+        return self.datamodule._iter_eval(self.split)
 
 
 class _StatefulLoader(DataLoader):
@@ -275,6 +288,12 @@ class RelationalDataModule(LightningDataModule):
     ``DistributedSampler`` (``_requires_distributed_sampler`` is False for iterable datasets), so no
     ``use_distributed_sampler=False`` is needed.
 
+    Validation vs test: with a validation graph (``val_source``, or a GraphSource whose ``load()`` gives
+    ``val``) the validation loader ranks *its* relations and the test loader the test graph's; choose
+    checkpoints and hyper-parameters on validation only (:class:`~lightning_dprel.selection.ValidationSelection`).
+    Without one, the validation loader yields the test queries (``has_validation_graph`` is False and a
+    warning says that selecting on them selects on the test domain).
+
     Evaluation: for every relation (u, v) of the test graph (capped by ``max_eval_queries``, seeded), rank v
     among all test-graph nodes (``eval_candidates=None``: ``RankingBatch.candidates`` is None, every batch
     carries all nodes, and ``meta["exclude_query"]`` is True: the module must not rank u itself) or among v
@@ -287,6 +306,14 @@ class RelationalDataModule(LightningDataModule):
             graph), a PyG ``Data``, or a PyG ``Dataset`` (its first graph).
         test_source: a separate (zero-shot) test graph; a GraphSource contributes its ``test`` graph, or its
             ``train`` graph when it has none. Default: the source's own test graph, else a held-out split.
+        val_source: a separate public validation graph (neither training nor test); a GraphSource contributes
+            its ``val`` graph, or its ``train`` graph when it has none. Default: the source's own ``val`` graph.
+        directed: keep each training relation's orientation (source → target as first listed, e.g. child →
+            parent) after degree capping, for directed scores (``score="directed_cosine"``). Capping, sampling and
+            the privacy analysis are unchanged (they see the undirected relation); only the order of
+            ``TupleBatch.pos`` columns follows the data. Evaluation relations are always oriented as given.
+        transform: a callable applied to every graph (train, validation, test) before its node inputs are
+            cached, e.g. :class:`~lightning_dprel.transforms.EmbedText` (frozen text embeddings as ``data.x``).
         max_degree: K ≥ 1 (default: 5, the paper's).
         capping: ``"drop"`` (seeded edge dropping) or ``"assert"`` (raise if any degree exceeds K).
         expected_batch_size: b > 0, at most m; γ = b/m.
@@ -337,6 +364,9 @@ class RelationalDataModule(LightningDataModule):
         source: GraphSource | Data | PyGDataset | None = None,
         *,
         test_source: GraphSource | Data | PyGDataset | None = None,
+        val_source: GraphSource | Data | PyGDataset | None = None,
+        transform: Any = None,
+        directed: bool = False,
         max_degree: int = 5,
         capping: str = "drop",
         expected_batch_size: float = 64.0,
@@ -384,8 +414,13 @@ class RelationalDataModule(LightningDataModule):
             _check_int("steps_per_epoch", steps_per_epoch, 1)
         if not (0.0 < float(max_overflow_probability) < 1.0):
             raise ValueError(f"`max_overflow_probability` must be in (0, 1), got {max_overflow_probability}.")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"`transform` must be callable (Data -> Data), got {type(transform).__name__}.")
         self.source = source
         self.test_source = test_source
+        self.val_source = val_source
+        self.transform = transform
+        self.directed = bool(directed)
         self.max_degree = max_degree
         self.capping = capping
         self.expected_batch_size = float(expected_batch_size)
@@ -419,10 +454,15 @@ class RelationalDataModule(LightningDataModule):
             raise ValueError(
                 "`source` is None; pass a GraphSource, a PyG Data or a PyG Dataset to RelationalDataModule."
             )
-        train, test = _as_graph(self.source, "source")
+        train, test, val = _as_graph(self.source, "source")
         if self.test_source is not None:
-            loaded, loaded_test = _as_graph(self.test_source, "test_source")
+            loaded, loaded_test, _ = _as_graph(self.test_source, "test_source")
             test = loaded_test if loaded_test is not None else loaded
+        if self.val_source is not None:
+            loaded, _, loaded_val = _as_graph(self.val_source, "val_source")
+            val = loaded_val if loaded_val is not None else loaded
+        if self.transform is not None:
+            train, test, val = (None if g is None else self.transform(g) for g in (train, test, val))
         tok = self._load_tokenizer()
         n = _num_nodes(train, "source")
         self.train_inputs = _node_inputs(train, n, tok, self.max_length, "source")
@@ -453,8 +493,21 @@ class RelationalDataModule(LightningDataModule):
         self.train_edges = cap_degree(
             simple, n, self.max_degree, policy=self.capping, generator=_generator(self.seed, "cap")
         )
+        if self.directed:  # back to the data's orientation: (a, b) if a → b was given, else (b, a)
+            a, b = self.train_edges
+            forward = torch.isin(a * n + b, oriented[0] * n + oriented[1])
+            self.train_edges = torch.stack([torch.where(forward, a, b), torch.where(forward, b, a)])
         self._spec = self._make_spec(n, int(self.train_edges.shape[1]))
         self._setup_eval(test_edges)
+        self._val = None
+        if val is not None:
+            val_n = _num_nodes(val, "val_source")
+            val_inputs = _node_inputs(val, val_n, tok, self.max_length, "val_source")
+            try:
+                val_edges = _oriented_simple(val, val_n, "val_source")
+            except ValueError as err:
+                raise ValueError(f"the validation graph has no relations to evaluate on: {err}") from err
+            self._val = _EvalSet(val_n, val_inputs, *self._eval_queries(val_edges, val_n, "val_eval"))
 
     def _load_tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -497,18 +550,28 @@ class RelationalDataModule(LightningDataModule):
             steps_per_epoch=steps,
         )
 
-    def _setup_eval(self, test_edges: Tensor) -> None:
-        g = _generator(self.seed, "eval")
-        if self.max_eval_queries is not None and test_edges.shape[1] > self.max_eval_queries:
-            keep = sample_without_replacement(test_edges.shape[1], self.max_eval_queries, generator=g)
-            keep = torch.sort(keep).values
-            test_edges = test_edges[:, keep]
-        self.eval_query, self.eval_target = test_edges[0], test_edges[1]
-        self.eval_cands = None
+    def _eval_queries(self, edges: Tensor, num_nodes: int, tag: str) -> tuple[Tensor, Tensor, Tensor | None]:
+        g = _generator(self.seed, tag)
+        if self.max_eval_queries is not None and edges.shape[1] > self.max_eval_queries:
+            keep = sample_without_replacement(edges.shape[1], self.max_eval_queries, generator=g)
+            edges = edges[:, torch.sort(keep).values]
+        cands = None
         if self.eval_candidates is not None:
-            self.eval_cands = sample_eval_candidates(
-                self.eval_query, self.eval_target, self.test_num_nodes, self.eval_candidates, generator=g
-            )
+            cands = sample_eval_candidates(edges[0], edges[1], num_nodes, self.eval_candidates, generator=g)
+        return edges[0], edges[1], cands
+
+    def _setup_eval(self, test_edges: Tensor) -> None:
+        self.eval_query, self.eval_target, self.eval_cands = self._eval_queries(test_edges, self.test_num_nodes, "eval")
+
+    @property
+    def has_validation_graph(self) -> bool:
+        """True when validation ranks a separate public graph (not the test queries); known after :meth:`setup`."""
+        return getattr(self, "_val", None) is not None
+
+    def _eval_set(self, split: str) -> _EvalSet:
+        if split == "val" and self.has_validation_graph:
+            return self._val
+        return _EvalSet(self.test_num_nodes, self.test_inputs, self.eval_query, self.eval_target, self.eval_cands)
 
     @property
     def sampling_spec(self) -> SamplingSpec:
@@ -625,40 +688,41 @@ class RelationalDataModule(LightningDataModule):
         return _StatefulLoader(_TupleStream(self), self)
 
     # ------------------------------------------------------------- evaluation
-    def _eval_rows(self) -> list[Tensor]:
+    def _eval_rows(self, split: str = "test") -> list[Tensor]:
         rank, world = self._world()
-        num_q = self.eval_query.numel()
+        num_q = self._eval_set(split).query.numel()
         mine = slice_rows(num_q, rank, world)
         per_rank = math.ceil(num_q / world)
         num_batches = max(1, math.ceil(per_rank / self.eval_batch_size))
         return list(torch.tensor_split(mine, num_batches))
 
-    def _num_eval_batches(self) -> int:
-        return len(self._eval_rows())
+    def _num_eval_batches(self, split: str = "test") -> int:
+        return len(self._eval_rows(split))
 
-    def _iter_eval(self) -> Iterator[RankingBatch]:
-        for rows in self._eval_rows():
+    def _iter_eval(self, split: str = "test") -> Iterator[RankingBatch]:
+        for rows in self._eval_rows(split):
             with _one_thread():
-                batch = self._ranking_batch(rows)
+                batch = self._ranking_batch(rows, split)
             yield batch
 
-    def _ranking_batch(self, rows: Tensor) -> RankingBatch:
-        query, target = self.eval_query[rows], self.eval_target[rows]
-        if self.eval_cands is None:
-            node_ids = torch.arange(self.test_num_nodes)
+    def _ranking_batch(self, rows: Tensor, split: str = "test") -> RankingBatch:
+        ev = self._eval_set(split)
+        query, target = ev.query[rows], ev.target[rows]
+        if ev.cands is None:
+            node_ids = torch.arange(ev.num_nodes)
             return RankingBatch(
                 node_ids=node_ids,
-                node_inputs=_gather(self.test_inputs, node_ids),
+                node_inputs=_gather(ev.inputs, node_ids),
                 query=query,
                 target=target,
                 candidates=None,
                 meta={"exclude_query": True},
             )
-        cands = self.eval_cands[rows]
+        cands = ev.cands[rows]
         node_ids, inverse = torch.unique(torch.cat([query[:, None], cands], dim=1), return_inverse=True)
         return RankingBatch(
             node_ids=node_ids,
-            node_inputs=_gather(self.test_inputs, node_ids),
+            node_inputs=_gather(ev.inputs, node_ids),
             query=inverse[:, 0],
             target=inverse[:, 1],
             candidates=inverse[:, 1:],
@@ -666,13 +730,21 @@ class RelationalDataModule(LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        """Relation-prediction queries (RankingBatch) for PREC@1 / MRR."""
+        """Validation queries (RankingBatch) for PREC@1 / MRR: the validation graph's, else the test queries (warned)."""
         self.sampling_spec  # noqa: B018
-        return DataLoader(_RankingStream(self), batch_size=None, num_workers=0)
+        if not self.has_validation_graph:
+            rank_zero_warn(
+                "RelationalDataModule has no validation graph, so validation ranks the TEST queries: choosing "
+                "checkpoints or hyper-parameters on them selects on the test domain. Pass `val_source` (or a source "
+                "with a `val` graph such as HPOLarge / WordNetLarge).",
+                category=UserWarning,
+            )
+        return DataLoader(_RankingStream(self, "val"), batch_size=None, num_workers=0)
 
     def test_dataloader(self) -> DataLoader:
-        """The same queries as :meth:`val_dataloader`."""
-        return self.val_dataloader()
+        """Test queries (RankingBatch) for PREC@1 / MRR on the test graph."""
+        self.sampling_spec  # noqa: B018
+        return DataLoader(_RankingStream(self, "test"), batch_size=None, num_workers=0)
 
     def seek(self, epoch: int, index: int = 0) -> None:
         """Position the training stream at batch ``index`` of ``epoch``, replaying the draws from the sampling seed.

@@ -26,8 +26,14 @@ def _metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def format_report(base: dict[str, float] | None, tuned: dict[str, float], privacy: dict[str, Any] | None, title: str) -> str:
-    """The main job's closing table: base vs fine-tuned PREC@1 / MRR, and the privacy spent."""
+def format_report(
+    base: dict[str, float] | None,
+    tuned: dict[str, float],
+    privacy: dict[str, Any] | None,
+    title: str,
+    selection: dict[str, Any] | None = None,
+) -> str:
+    """The main job's closing table: base vs fine-tuned PREC@1 / MRR, the privacy spent, and the checkpoint choice."""
     lines = [title, f"{'encoder':<28}{'PREC@1':>10}{'MRR':>10}"]
     rows = ([("base (no fine-tuning)", base)] if base is not None else []) + [("fine-tuned", tuned)]
     for name, m in rows:
@@ -39,6 +45,12 @@ def format_report(base: dict[str, float] | None, tuned: dict[str, float], privac
         )
     else:
         lines.append("privacy: none (non-private run; no epsilon is claimed)")
+    if selection:
+        chosen = "the base encoder" if selection["step"] == 0 else f"step {selection['step']}"
+        lines.append(
+            f"checkpoint: {chosen}, chosen on the validation graph (val {selection['monitor']} {selection['score']:.4f}, "
+            f"base {selection['base']:.4f}); the test graph was not used for any choice"
+        )
     return "\n".join(lines)
 
 
@@ -74,13 +86,24 @@ class DPRelCLI(LightningCLI):
         privacy = self._privacy_summary()
         source = getattr(self.datamodule, "source", None)
         name = repr(source) if source is not None else type(self.datamodule).__name__
-        report = format_report(self._base, tuned, privacy, f"Zero-shot relation prediction on: {name}")
+        report = format_report(self._base, tuned, privacy, f"Zero-shot relation prediction on: {name}", self._selection_summary())
         if self.trainer.is_global_zero:
             print("\n" + report, flush=True)
             out = self._sub("results_json")
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
-                Path(out).write_text(json.dumps({"base": self._base, "tuned": tuned, "privacy": privacy}, indent=2))
+                Path(out).write_text(
+                    json.dumps({"base": self._base, "tuned": tuned, "privacy": privacy, "selection": self._selection_summary()}, indent=2)
+                )
+
+    def _selection_summary(self) -> dict[str, Any] | None:
+        """The checkpoint chosen by a ValidationSelection callback, if any (duck-typed)."""
+        for cb in self.trainer.callbacks:
+            history = getattr(cb, "history", None)
+            if getattr(cb, "best_step", None) is not None and history:
+                base = next((h[cb.monitor] for h in history if h["step"] == 0), float("nan"))
+                return {"step": int(cb.best_step), "monitor": cb.monitor, "score": float(cb.best_score), "base": float(base)}
+        return None
 
     def _privacy_summary(self) -> dict[str, Any] | None:
         """ε, δ, steps, σ and accounting from the first callback that keeps an accountant (duck-typed)."""

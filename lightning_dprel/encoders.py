@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLPEncoder", "TextEncoder", "mean_pool"]
+__all__ = ["MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool"]
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -59,6 +59,67 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+
+class ResidualAdapter(nn.Module):
+    """A private adapter on frozen embeddings that starts as the identity (step 0 is the base encoder).
+
+    ``"lowrank"``: h = x + U·(V·x), U = 0 at init (``2·d·rank`` parameters); ``"full"``: h = x + W·x, W = 0 at
+    init (``d²``); ``"diagonal"``: h = x ⊙ (1 + w), w = 0 at init (``d``). Trained on
+    :class:`~lightning_dprel.transforms.EmbedText` features it is the DP-friendly mode: the frozen encoder is
+    evaluated once, and few parameters receive per-tuple gradients and noise (the noise norm grows with
+    √(#parameters) while the clipped signal does not).
+
+    Args:
+        in_dim: d, the dimension of ``x`` (MiniLM-L6: 384).
+        mode: ``"lowrank"`` (default), ``"full"`` or ``"diagonal"``.
+        rank: rank of U·V for ``"lowrank"`` (default ``min(8, d)``).
+        init_scale: V's initial entries have std ``init_scale / √d`` (fixed seed: public, data-free).
+        directed: output ``[adapter(x) ‖ x]`` (``[N, 2d]``): a source view that learns to map a node towards
+            the nodes it points to (child → parent) and the frozen target view, for ``score="directed_cosine"``
+            on a ``RelationalDataModule(directed=True)``. At init both views are x, so the score is the base cosine.
+        train_down: for ``"lowrank"``, also train V (default); False keeps V at its fixed, data-free random init
+            and trains U only (``d·rank`` parameters: half the noise dimensions for the same rank).
+    """
+
+    MODES = ("lowrank", "full", "diagonal")
+
+    def __init__(
+        self, in_dim: int, *, mode: str = "lowrank", rank: int | None = None, init_scale: float = 1.0, directed: bool = False,
+        train_down: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(in_dim, bool) or not isinstance(in_dim, int) or in_dim < 1:
+            raise ValueError(f"`in_dim` must be an int >= 1, got {in_dim!r}.")
+        if mode not in self.MODES:
+            raise ValueError(f"`mode` must be one of {self.MODES}, got {mode!r}.")
+        if rank is None:
+            rank = min(8, in_dim)
+        if mode == "lowrank" and (isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= in_dim):
+            raise ValueError(f"`rank` must be an int in [1, in_dim={in_dim}], got {rank!r}.")
+        if not float(init_scale) > 0:
+            raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
+        self.in_dim, self.mode, self.rank, self.directed = in_dim, mode, rank, bool(directed)
+        if mode == "full":
+            self.weight = nn.Parameter(torch.zeros(in_dim, in_dim))
+        elif mode == "diagonal":
+            self.scale = nn.Parameter(torch.zeros(in_dim))
+        else:
+            g = torch.Generator().manual_seed(0)
+            self.down = nn.Parameter(torch.randn(rank, in_dim, generator=g) * (float(init_scale) / in_dim**0.5))
+            self.up = nn.Parameter(torch.zeros(in_dim, rank))
+            self.down.requires_grad_(bool(train_down))
+
+    def _adapt(self, x: Tensor) -> Tensor:
+        if self.mode == "full":
+            return x + x @ self.weight.t()
+        if self.mode == "diagonal":
+            return x * (1.0 + self.scale)
+        return x + (x @ self.down.t()) @ self.up.t()
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self._adapt(x)
+        return torch.cat([h, x], dim=-1) if self.directed else h
 
 
 class TextEncoder(nn.Module):

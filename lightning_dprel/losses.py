@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["SCORES", "LOSSES", "pair_scores", "tuple_scores", "infonce_loss", "hinge_loss", "tuple_loss", "check_loss_options"]
+__all__ = ["SCORES", "LOSSES", "pair_scores", "score_matrix", "tuple_scores", "infonce_loss", "hinge_loss", "tuple_loss", "check_loss_options"]
 
-SCORES = ("dot", "cosine")
+SCORES = ("dot", "cosine", "directed_cosine")
 LOSSES = ("infonce", "hinge")
 
 
@@ -34,8 +34,20 @@ def check_loss_options(*, score: str, temperature: float, loss: str, margin: flo
         raise ValueError(f"`margin` must be >= 0 for the hinge loss, got {margin}.")
 
 
+def _views(h: Tensor) -> tuple[Tensor, Tensor]:
+    """(source view, target view) of embeddings ``[..., 2d]`` laid out as ``[h_src ‖ h_dst]``."""
+    if h.shape[-1] % 2:
+        raise ValueError(f"`score='directed_cosine'` needs embeddings [..., 2d] = [source view ‖ target view], got dimension {h.shape[-1]}.")
+    d = h.shape[-1] // 2
+    return h[..., :d], h[..., d:]
+
+
 def pair_scores(h_a: Tensor, h_b: Tensor, *, score: str = "cosine", temperature: float = 0.05) -> Tensor:
-    """Score s(a, b): the dot product ⟨h_a, h_b⟩ or the cosine similarity divided by τ.
+    """Score s(a, b): the dot product ⟨h_a, h_b⟩, the cosine similarity / τ, or the directed cosine / τ.
+
+    ``"directed_cosine"`` scores the relation a → b (e.g. child → parent) as cos(a_src, b_dst) / τ on embeddings
+    laid out as ``[h_src ‖ h_dst]`` (see :class:`~lightning_dprel.encoders.ResidualAdapter` with ``directed=True``);
+    it is not symmetric.
 
     Args:
         h_a: ``[..., d]`` embeddings.
@@ -50,11 +62,27 @@ def pair_scores(h_a: Tensor, h_b: Tensor, *, score: str = "cosine", temperature:
         return (h_a * h_b).sum(-1)
     if score == "cosine":
         return (F.normalize(h_a, dim=-1, eps=1e-8) * F.normalize(h_b, dim=-1, eps=1e-8)).sum(-1) / temperature
+    if score == "directed_cosine":
+        return pair_scores(_views(h_a)[0], _views(h_b)[1], score="cosine", temperature=temperature)
+    raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+
+
+def score_matrix(h_a: Tensor, h_b: Tensor, *, score: str = "cosine", temperature: float = 0.05) -> Tensor:
+    """All scores s(a_i, b_j) as one matrix product: ``[A, d]`` × ``[B, d]`` → ``[A, B]`` (same values as :func:`pair_scores`)."""
+    if score == "dot":
+        return h_a @ h_b.t()
+    if score == "cosine":
+        return (F.normalize(h_a, dim=-1, eps=1e-8) @ F.normalize(h_b, dim=-1, eps=1e-8).t()) / temperature
+    if score == "directed_cosine":
+        return score_matrix(_views(h_a)[0], _views(h_b)[1], score="cosine", temperature=temperature)
     raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
 
 
 def tuple_scores(h: Tensor, neg_anchor: Tensor, *, score: str = "cosine", temperature: float = 0.05) -> Tensor:
     """Scores of a tuple's positive edge (u, v) and its k negative edges (w_j, z_j) (Algorithm 2).
+
+    The negative keeps the positive's orientation: with w_j = u it is (u, z_j), with w_j = v it is (z_j, v)
+    (the same score for symmetric ``dot``/``cosine``; for ``directed_cosine``, z_j replaces the other end).
 
     Args:
         h: ``[..., 2 + k, d]`` embeddings of (u, v, z_1, …, z_k).
@@ -66,9 +94,14 @@ def tuple_scores(h: Tensor, neg_anchor: Tensor, *, score: str = "cosine", temper
         ``[..., 1 + k]``: the positive score first, then the k negative scores.
     """
     u, v, z = h[..., 0, :], h[..., 1, :], h[..., 2:, :]
-    w = torch.where(neg_anchor.unsqueeze(-1) == 0, u.unsqueeze(-2), v.unsqueeze(-2))
     pos = pair_scores(u, v, score=score, temperature=temperature).unsqueeze(-1)
-    neg = pair_scores(w, z, score=score, temperature=temperature)
+    if score == "directed_cosine":
+        from_u = pair_scores(u.unsqueeze(-2), z, score=score, temperature=temperature)  # (u, z_j)
+        to_v = pair_scores(z, v.unsqueeze(-2), score=score, temperature=temperature)  # (z_j, v)
+        neg = torch.where(neg_anchor == 0, from_u, to_v)
+    else:
+        w = torch.where(neg_anchor.unsqueeze(-1) == 0, u.unsqueeze(-2), v.unsqueeze(-2))
+        neg = pair_scores(w, z, score=score, temperature=temperature)
     return torch.cat([pos, neg], dim=-1)
 
 

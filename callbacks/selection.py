@@ -1,0 +1,121 @@
+"""Checkpoint selection on public validation data, the untouched base model included as a candidate.
+
+Every iterate θ_0, θ_1, …, θ_T of a private run is already covered by the run's (ε, δ) (DP-SGD's guarantee is
+for the whole sequence of noised updates). Choosing one of them with a score computed on *public* validation
+data is post-processing and costs no privacy. θ_0 is the base model, so a run that does not help on
+validation returns the base model instead of a worse one. Selecting on the test domain would be a defect:
+the datamodule must have a validation graph (``RelationalDataModule.has_validation_graph``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks.callback import Callback
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
+
+__all__ = ["ValidationSelection"]
+
+_MONITORS = ("mrr", "prec1")
+
+
+class ValidationSelection(Callback):
+    """Evaluate on the validation graph at step 0 and every ``every_n_steps``; keep and restore the best.
+
+    Args:
+        every_n_steps: validate after every this many optimizer steps (and always after the last one).
+        monitor: ``"mrr"`` (default) or ``"prec1"``; higher is better.
+        include_base: the model before the first step is a candidate (default True).
+        restore_best: load the best candidate's trainable parameters into the module at the end of fit.
+        require_validation_graph: refuse a datamodule whose validation queries are its test queries.
+
+    Attributes:
+        history: ``[{"step", "prec1", "mrr"}]`` for every validation made.
+        best_step: the step of the selected candidate (0 = the base model).
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        monitor: str = "mrr",
+        *,
+        include_base: bool = True,
+        restore_best: bool = True,
+        require_validation_graph: bool = True,
+    ) -> None:
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"`every_n_steps` must be a positive int, got {every_n_steps!r}.")
+        if monitor not in _MONITORS:
+            raise ValueError(f"`monitor` must be one of {_MONITORS}, got {monitor!r}.")
+        self.every_n_steps = every_n_steps
+        self.monitor = monitor
+        self.include_base = bool(include_base)
+        self.restore_best = bool(restore_best)
+        self.require_validation_graph = bool(require_validation_graph)
+        self.history: list[dict[str, float]] = []
+        self.best_step: int | None = None
+        self.best_score = float("-inf")
+        self._best_state: dict[str, torch.Tensor] | None = None
+        self._last_step = -1
+
+    @staticmethod
+    def _trainable(pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
+        return {n: p.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.requires_grad}
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = int(trainer.global_step)
+        if step == self._last_step:
+            return
+        self._last_step = step
+        metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
+        record = {"step": step, "prec1": metrics["prec1"], "mrr": metrics["mrr"]}
+        self.history.append(record)
+        pl_module.log(f"selection_val_{self.monitor}", record[self.monitor], batch_size=1)
+        if record[self.monitor] > self.best_score:
+            self.best_score, self.best_step = record[self.monitor], step
+            self._best_state = self._trainable(pl_module)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        dm = trainer.datamodule
+        if dm is None or not hasattr(pl_module, "ranking_metrics"):
+            raise ValueError("ValidationSelection needs a datamodule with val_dataloader() and a module with ranking_metrics().")
+        if self.require_validation_graph and not getattr(dm, "has_validation_graph", False):
+            raise ValueError(
+                "ValidationSelection: the datamodule has no validation graph, so selecting would use the test "
+                "queries. Pass `val_source` to RelationalDataModule (or use HPOLarge / WordNetLarge), or set "
+                "require_validation_graph=False knowingly."
+            )
+        if self.include_base and int(trainer.global_step) == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate(trainer, pl_module)
+        if self.restore_best and self._best_state is not None:
+            params = dict(pl_module.named_parameters())
+            with torch.no_grad():
+                for name, value in self._best_state.items():
+                    params[name].copy_(value.to(params[name].device))
+        rank_zero_info(
+            f"ValidationSelection: selected step {self.best_step} (validation {self.monitor} = {self.best_score:.4f}; "
+            f"{'the base model' if self.best_step == 0 else 'a fine-tuned iterate'})."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": list(self.history),
+            "best_step": self.best_step,
+            "best_score": self.best_score,
+            "best_state": self._best_state,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+        self.best_step = state_dict.get("best_step")
+        self.best_score = float(state_dict.get("best_score", float("-inf")))
+        self._best_state = state_dict.get("best_state")
