@@ -91,7 +91,7 @@ def run_one(job: dict) -> dict:
         test, val = module.ranking_metrics(dm.test_dataloader()), module.ranking_metrics(dm.val_dataloader())
         record.update(prec1=test["prec1"], mrr=test["mrr"], val_mrr=val["mrr"], selected_step=0, steps=0, sigma=None, time_s=0.0)
         return record
-    sel = ValidationSelection(every_n_steps=cfg["every"])
+    sel = ValidationSelection(every_n_steps=cfg["every"], restore_best=job.get("select", True))
     callbacks = [sel]
     priv = None
     if eps is not None:
@@ -107,7 +107,7 @@ def run_one(job: dict) -> dict:
         prec1=test["prec1"], mrr=test["mrr"], val_mrr=sel.best_score, selected_step=sel.best_step, steps=int(trainer.global_step),
         sigma=module.noise_spec.noise_multiplier if eps is not None else 0.0,
         proven_epsilon=None if priv is None else priv.epsilon, accounting=None if priv is None else priv.mechanism,
-        val_history=sel.history, time_s=time.time() - t0,
+        val_history=sel.history, time_s=time.time() - t0, selected=job.get("select", True),
     )
     return record
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--undirected", action="store_true", help="symmetric cosine instead of the directed score")
     ap.add_argument("--mode", default="lowrank", choices=["lowrank", "full", "diagonal"])
     ap.add_argument("--tau", type=float, default=0.05)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=1, help="negatives per positive (each one raises the per-step sensitivity through the j term)")
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--workers", type=int, default=2)
