@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     ap.add_argument("--default-method", default="standard", choices=["standard", "freq_corrected"])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=float, default=1024)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--rank", type=int, default=8)

@@ -290,7 +290,7 @@ class RelationalDataModule(LightningDataModule):
 
     Validation vs test: with a validation graph (``val_source``, or a GraphSource whose ``load()`` gives
     ``val``) the validation loader ranks *its* relations and the test loader the test graph's; choose
-    checkpoints and hyper-parameters on validation only (:class:`~lightning_dprel.selection.ValidationSelection`).
+    checkpoints and hyper-parameters on validation only (:class:`callbacks.ValidationSelection`).
     Without one, the validation loader yields the test queries (``has_validation_graph`` is False and a
     warning says that selecting on them selects on the test domain).
 

@@ -259,12 +259,14 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:DPRelationalModule\\(noise_seed")
 def test_learns_on_synthetic_graph_without_and_with_noise():
     batches = _feature_batches(60)
     rank_loader = _loader([ranking_batch(GRAPH.edge_index.t()[:150], {"x": GRAPH.x}, GRAPH.num_nodes)])
     results = {}
     for sigma, clipping in ((0.0, "none"), (0.5, "freq")):
-        m = _module(sigma, clipping, log_train_metrics=True)  # reads train_loss
+        # seeded noise: with OS noise the σ=0.5 gain ranged 0.017-0.036 over draws, too close to the bound
+        m = _module(sigma, clipping, log_train_metrics=True, noise_seed=0)  # reads train_loss
         trainer = _trainer(max_epochs=1)
         untrained = trainer.validate(m, rank_loader, verbose=False)[0]["val_mrr"]
         log = _LossLog()
