@@ -68,7 +68,8 @@ def _setup(encoder_name: str, seed: int = 0):
 
 def _make_step(mode: str, encoder, batch):
     from lightning_dprel.losses import tuple_loss
-    from lightning_dprel.optim import DPOptimizer, NoiseSource
+    from lightning_dprel.optim import DPOptimizer
+    from lightning_dprel.randomness import KeyedStream
     from lightning_dprel.per_tuple import per_tuple_grads, trainable_parameters, tuple_inputs
 
     named = trainable_parameters(encoder)
@@ -85,7 +86,7 @@ def _make_step(mode: str, encoder, batch):
             (head(h, batch.neg_anchor).sum() / batch.expected_batch_size).backward()
             inner.step()
         return step, out
-    dp = DPOptimizer(inner, named_params=named, noise_multiplier=1.0, clip_norm=1.0, clipping="freq", noise=NoiseSource(seed=0))
+    dp = DPOptimizer(inner, named_params=named, noise_multiplier=1.0, clip_norm=1.0, clipping="freq", noise=KeyedStream.seeded(0, "noise", warn=False))
     if mode == "b":
         def step():
             res = per_tuple_grads(encoder, inputs, head, (batch.neg_anchor,))

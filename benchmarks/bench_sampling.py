@@ -8,7 +8,7 @@
    paper's sequential random dropping (Daigavane et al. 2021, Algorithm 1: edges in random order, kept while
    both ends are below K).
 
-The datamodule builds batches single-threaded (see ``datamodules.relational._one_thread``); the raw
+The datamodule builds batches single-threaded (see ``datamodules.rows.one_thread``); the raw
 primitives run at torch's thread count (``--threads``), so on shared cores their median shows OpenMP stalls
 that the datamodule avoids. The load average is printed first: timings on a loaded machine are inflated.
 

@@ -18,7 +18,8 @@ _LAZY = {
     "TextEncoder": "lightning_dprel.encoders",
     "MLPEncoder": "lightning_dprel.encoders",
     "DPOptimizer": "lightning_dprel.optim",
-    "NoiseSource": "lightning_dprel.optim",
+    "KeyedStream": "lightning_dprel.randomness",
+    "PrivacyLedger": "lightning_dprel.ledger",
     "Accountant": "lightning_dprel.accounting",
 }
 

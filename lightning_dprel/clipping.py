@@ -24,6 +24,7 @@ __all__ = [
     "per_tuple_norms",
     "clip_factors",
     "freq_clip_thresholds",
+    "factors_from_norms",
     "freq_clip_factors",
     "standard_clip_factors",
     "apply_factors",
@@ -90,18 +91,31 @@ def freq_clip_thresholds(max_freq: Tensor, clip_norm: float) -> Tensor:
     return clip_norm / (2.0 * max_freq.double())
 
 
+def factors_from_norms(norms: Tensor, clipping: str, *, clip_norm: float, max_freq: Tensor | None = None) -> Tensor:
+    """Per-tuple factors ``[B]`` of one clipping mode from the norms (the optimizer's training path uses this).
+
+    ``"freq"``: t_i = C / (2·max-freq(T_i)) (Algorithm 1); ``"standard"``: t_i = C (Eq. 2); ``"none"``: 1.
+    """
+    if clipping == "freq":
+        if max_freq is None or max_freq.shape != norms.shape:
+            got = None if max_freq is None else tuple(max_freq.shape)
+            raise ValueError(f"`max_freq` must have shape [B] = {tuple(norms.shape)}, got {got}; take it from TupleBatch.max_freq.")
+        return clip_factors(norms, freq_clip_thresholds(max_freq.to(norms.device), clip_norm).to(norms.dtype))
+    if clipping == "standard":
+        return clip_factors(norms, _check_clip_norm(clip_norm))
+    if clipping == "none":
+        return torch.ones_like(norms)
+    raise ValueError(f"`clipping` must be 'freq', 'standard' or 'none', got {clipping!r}.")
+
+
 def freq_clip_factors(grads: PerTupleGrads, max_freq: Tensor, *, clip_norm: float) -> Tensor:
     """FREQ-CLIP factors (Algorithm 1): clip tuple i to C / (2·max-freq(T_i)); returns ``[B]``."""
-    norms = per_tuple_norms(grads)
-    if max_freq.shape != norms.shape:
-        raise ValueError(f"`max_freq` must have shape [B] = {tuple(norms.shape)}, got {tuple(max_freq.shape)}.")
-    thresholds = freq_clip_thresholds(max_freq.to(norms.device), clip_norm).to(norms.dtype)
-    return clip_factors(norms, thresholds)
+    return factors_from_norms(per_tuple_norms(grads), "freq", clip_norm=clip_norm, max_freq=max_freq)
 
 
 def standard_clip_factors(grads: PerTupleGrads, *, clip_norm: float) -> Tensor:
     """Standard clipping factors (Eq. 2 baseline): clip every tuple to C; returns ``[B]``."""
-    return clip_factors(per_tuple_norms(grads), _check_clip_norm(clip_norm))
+    return factors_from_norms(per_tuple_norms(grads), "standard", clip_norm=clip_norm)
 
 
 def _dropped(factors: Tensor) -> Tensor | None:

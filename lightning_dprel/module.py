@@ -22,9 +22,12 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_dprel.batch import RankingBatch, TupleBatch
-from lightning_dprel.losses import check_loss_options, pair_scores, score_matrix, tuple_loss
-from lightning_dprel.optim import DPOptimizer, NoiseSource
+from lightning_dprel.losses import check_loss_options, tuple_loss
+from lightning_dprel.ledger import PrivacyLedger, StepRecord
+from lightning_dprel.optim import DPOptimizer
 from lightning_dprel.per_tuple import per_tuple_grads, trainable_parameters, tuple_inputs
+from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.ranking import target_ranks
 from lightning_dprel.specs import NoiseSpec
 
 __all__ = ["DPRelationalModule", "target_ranks", "refuse_unsafe_trainer_settings"]
@@ -49,50 +52,6 @@ def refuse_unsafe_trainer_settings(trainer: Any) -> None:
         )
 
 
-def target_ranks(
-    h: Tensor,
-    query: Tensor,
-    target: Tensor,
-    candidates: Tensor | None,
-    *,
-    score: str,
-    temperature: float,
-) -> Tensor:
-    """Rank (1 = best) of each query's target among its candidates by s(u_q, ·) (Section 5.2).
-
-    Ties count against the target (rank = 1 + #candidates scoring ≥ the target, other than it). With
-    ``candidates=None`` every node but the query itself is a candidate.
-
-    Args:
-        h: ``[U, d]`` embeddings of the batch's nodes.
-        query, target: ``[Q]`` indices into ``h``.
-        candidates: ``[Q, C]`` indices into ``h`` containing the target, or None.
-
-    Returns:
-        ``[Q]`` long ranks.
-    """
-    hq = h[query]
-    if candidates is None:
-        scores = score_matrix(hq, h, score=score, temperature=temperature)  # [Q, U], one matmul
-        is_target = torch.zeros_like(scores, dtype=torch.bool)
-        is_target[torch.arange(len(query)), target] = True
-        excluded = torch.zeros_like(is_target)
-        excluded[torch.arange(len(query)), query] = True
-        excluded &= ~is_target
-    else:
-        scores = pair_scores(hq.unsqueeze(1), h[candidates], score=score, temperature=temperature)  # [Q, C]
-        is_target = candidates == target.unsqueeze(1)
-        if not bool(is_target.any(1).all()):
-            raise ValueError("Every row of `candidates` must contain its query's target (RankingBatch contract).")
-        first = is_target.float().argmax(1)
-        is_target = torch.zeros_like(is_target)
-        is_target[torch.arange(len(query)), first] = True
-        excluded = torch.zeros_like(is_target)
-    target_score = scores[is_target].unsqueeze(1)
-    beats = (scores >= target_score) & ~is_target & ~excluded
-    return 1 + beats.sum(1)
-
-
 class DPRelationalModule(LightningModule):
     """Entity-level DP relational learning with per-tuple clipping and one global noise draw.
 
@@ -108,14 +67,14 @@ class DPRelationalModule(LightningModule):
         accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or ``"paper"`` (Eq. 3).
         clip_norm: C.
         noise_multiplier: σ (the privacy callback may calibrate it via :meth:`set_noise_multiplier`).
-        noise_seed: seed of the dedicated noise generator; None (default) draws one from ``os.urandom``
-            (broadcast from rank 0 under DDP; ``hparams`` then records None, never the drawn seed). A given
-            seed makes runs reproducible but **voids the guarantee unless kept secret** (anyone who knows it
-            regenerates the noise, ε = ∞); a warning says so. Checkpoints of a seeded run hold the generator
-            state (``checkpoint["lightning_dprel"]["noise"]`` and the optimizer state), which is equally secret.
-        secure_noise: draw every noise vector from the OS CSPRNG (float64 Box–Muller from ``os.urandom``,
-            rank 0 draws and broadcasts under DDP); nothing about it is written to checkpoints (needs
-            ``noise_seed=None``).
+        noise_seed: None (default): the noise comes from a secret keyed CSPRNG stream
+            (:class:`~lightning_dprel.randomness.KeyedStream`, key from ``os.urandom``, rank 0's under DDP,
+            never saved). A seed makes runs reproducible but **voids the guarantee** (anyone who knows it
+            regenerates the noise, ε = ∞); a warning says so.
+        secure_noise: deprecated and ignored: the noise is always drawn from the keyed CSPRNG stream.
+        allow_untracked: a private module refuses to train without a privacy callback in the trainer (one
+            whose ``charges_privacy_ledger`` is True, e.g. :class:`callbacks.PrivacyCallback`). True lets it
+            train anyway: every step is still recorded in :attr:`privacy_ledger`, with a warning.
         vmap_chunk_size: tuples per vmap chunk (None: the whole slice at once).
         optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
         momentum: momentum of ``optimizer="sgd"`` (ignored by Adam).
@@ -142,7 +101,8 @@ class DPRelationalModule(LightningModule):
         clip_norm: float = 1.0,
         noise_multiplier: float = 1.0,
         noise_seed: int | None = None,
-        secure_noise: bool = False,
+        secure_noise: bool | None = None,
+        allow_untracked: bool = False,
         vmap_chunk_size: int | None = None,
         optimizer: str = "adam",
         momentum: float = 0.0,
@@ -165,12 +125,21 @@ class DPRelationalModule(LightningModule):
         self.encoder = encoder
         if not isinstance(log_train_metrics, bool):
             raise TypeError(f"`log_train_metrics` must be a bool, got {type(log_train_metrics).__name__}.")
-        self.noise_source = NoiseSource(seed=noise_seed, secure=secure_noise)
+        if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0):
+            raise ValueError(f"`noise_seed` must be a non-negative int or None, got {noise_seed!r}.")
+        if secure_noise is not None:
+            rank_zero_warn(
+                "DPRelationalModule(secure_noise=...) is deprecated and ignored: the noise always comes from a "
+                "keyed CSPRNG stream (lightning_dprel.randomness.KeyedStream).",
+                category=DeprecationWarning,
+            )
+        self.noise_source = KeyedStream("noise", seed=noise_seed, _warn=False)
+        self.privacy_ledger = PrivacyLedger()
         if noise_seed is not None:
             rank_zero_warn(
                 "DPRelationalModule(noise_seed=<int>) makes the noise reproducible: anyone who knows the seed "
                 "(or a checkpoint's noise state) can regenerate and remove the noise, which voids the privacy "
-                "guarantee unless the seed is kept secret. Use noise_seed=None (or secure_noise=True) for private runs.",
+                "guarantee unless the seed is kept secret. Use noise_seed=None for private runs.",
                 category=UserWarning,
             )
         if not 0.0 <= float(momentum) < 1.0:
@@ -194,28 +163,20 @@ class DPRelationalModule(LightningModule):
     # --- the facts for the accountant ----------------------------------------------------------------
     @property
     def noise_spec(self) -> NoiseSpec:
-        """σ, C, clipping mode and accounting (:class:`~lightning_dprel.specs.NoiseSpec`)."""
-        return self._noise_spec
+        """σ, C, clipping mode and accounting (:class:`~lightning_dprel.specs.NoiseSpec`): the optimizer's once built."""
+        return self._dp_optimizer.noise_spec if self._dp_optimizer is not None else self._noise_spec
 
     def set_noise_multiplier(self, sigma: float) -> None:
-        """Set σ (the privacy callback calibrates it before the first step); refused after steps with another σ."""
-        sigma = float(sigma)
-        steps = self._dp_optimizer.steps if self._dp_optimizer is not None else 0
-        if steps > 0 and sigma != self._noise_spec.noise_multiplier:
-            raise RuntimeError(
-                f"`noise_multiplier` cannot change from {self._noise_spec.noise_multiplier} to {sigma} after "
-                f"{steps} private steps; calibrate it before the first step."
-            )
-        spec = NoiseSpec(
-            noise_multiplier=sigma,
-            clip_norm=self._noise_spec.clip_norm,
-            clipping=self._noise_spec.clipping,
-            accounting=self._noise_spec.accounting,
+        """Set σ for the next steps (the privacy callback calibrates it); steps already taken keep theirs in the ledger."""
+        spec = self.noise_spec
+        self._noise_spec = NoiseSpec(
+            noise_multiplier=float(sigma), clip_norm=spec.clip_norm, clipping=spec.clipping, accounting=spec.accounting
         )
-        self._noise_spec = spec
-        self.hparams["noise_multiplier"] = sigma
         if self._dp_optimizer is not None:
-            self._dp_optimizer.set_noise_multiplier(sigma)
+            self._dp_optimizer.set_noise_multiplier(float(sigma))
+
+    def _charge(self, record: StepRecord) -> None:
+        self.privacy_ledger.charge(record)
 
     # --- model ---------------------------------------------------------------------------------------
     def forward(self, **node_inputs: Tensor) -> Tensor:
@@ -247,20 +208,53 @@ class DPRelationalModule(LightningModule):
             inner = torch.optim.AdamW(named.values(), lr=hp.lr, weight_decay=hp.weight_decay)
         else:
             inner = torch.optim.SGD(named.values(), lr=hp.lr, weight_decay=hp.weight_decay, momentum=hp.get("momentum", 0.0))
-        spec = self._noise_spec
+        spec = self.noise_spec
         self._dp_optimizer = DPOptimizer(
             inner,
             named_params=named,
             noise_multiplier=spec.noise_multiplier,
             clip_norm=spec.clip_norm,
             clipping=spec.clipping,
+            accounting=spec.accounting,
             noise=self.noise_source,
             diagnostics=bool(hp.get("diagnostics", False)),
         )
+        self._dp_optimizer.attach_step_hook(self._charge)
         return self._dp_optimizer
 
     def on_fit_start(self) -> None:
         refuse_unsafe_trainer_settings(self.trainer)
+        self.privacy_ledger.open(None)  # each fit states its sampling before its first step
+
+    def on_train_start(self) -> None:
+        """Refuse an untracked private fit (unless allowed) and state the fit's sampling in the ledger."""
+        spec = self.noise_spec
+        self.privacy_ledger.check_mechanism(spec.mechanism, spec.clipping)
+        if not spec.is_private:
+            return
+        tracked = any(getattr(cb, "charges_privacy_ledger", False) for cb in self.trainer.callbacks)
+        if not tracked:
+            if not self.hparams.get("allow_untracked", False):
+                raise RuntimeError(
+                    "DPRelationalModule is private (σ > 0) but the trainer has no PrivacyCallback: nothing would "
+                    "check the budget. Add callbacks.PrivacyCallback(target_epsilon=...) to the trainer, or pass "
+                    "allow_untracked=True to train anyway (every step is still recorded in module.privacy_ledger)."
+                )
+            rank_zero_warn(
+                f"DPRelationalModule: private fit without a PrivacyCallback (allow_untracked=True): nothing stops it at a "
+                f"budget; its steps are recorded in privacy_ledger ({self.privacy_ledger.private_steps} spent so far).",
+                category=UserWarning,
+            )
+        if self.privacy_ledger.sampling is None:
+            dm = self.trainer.datamodule
+            found = getattr(dm, "sampling_spec", None) if dm is not None else None
+            if found is None:
+                rank_zero_warn(
+                    "DPRelationalModule: no SamplingSpec for this untracked private fit (no datamodule exposes one), "
+                    "so the ledger cannot bound its ε: it records these steps as unaccounted (ε = inf).",
+                    category=UserWarning,
+                )
+            self.privacy_ledger.open(found)
 
     # --- training ------------------------------------------------------------------------------------
     def training_step(self, batch: TupleBatch, batch_idx: int) -> None:
@@ -332,20 +326,22 @@ class DPRelationalModule(LightningModule):
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Store the noise state (SECRET for a seeded source: it regenerates all later noise; empty if secure)."""
+        """Store the privacy ledger and the current noise spec (no randomness: the noise stream's key is never saved)."""
         checkpoint["lightning_dprel"] = {
-            "noise": self.noise_source.state_dict(),
-            "noise_spec": self._noise_spec.to_dict(),
-            "steps": self._dp_optimizer.steps if self._dp_optimizer is not None else 0,
+            "ledger": self.privacy_ledger.state_dict(),
+            "noise_spec": self.noise_spec.to_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_dprel")
         if state is None:
             return
-        self.noise_source.load_state_dict(state["noise"])
-        saved = state.get("noise_spec", {})
-        if saved.get("noise_multiplier") is not None:
-            self._noise_spec = NoiseSpec(**saved)
-            if self._dp_optimizer is not None:
-                self._dp_optimizer.set_noise_multiplier(self._noise_spec.noise_multiplier)
+        if "ledger" not in state:
+            raise ValueError(
+                "This checkpoint predates the privacy ledger (no checkpoint['lightning_dprel']['ledger']), so what it "
+                "spent is unknown; retrain, or account it yourself and continue from a fresh module."
+            )
+        self.privacy_ledger.load_state_dict(state["ledger"])
+        self._noise_spec = NoiseSpec(**state["noise_spec"])
+        if self._dp_optimizer is not None:
+            self._dp_optimizer.noise_spec = self._noise_spec

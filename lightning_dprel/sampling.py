@@ -1,6 +1,8 @@
 """Coupled relational sampling as pure tensor functions (Algorithms 1-3 of Huang et al.).
 
-Every random function takes an explicit ``torch.Generator``; the datamodule wires them together:
+Every random function takes an explicit source of randomness — a
+:class:`~lightning_dprel.randomness.KeyedStream` (the CSPRNG the datamodule uses by default) or a
+``torch.Generator`` (tests); the datamodule wires them together:
 
 1. :func:`to_simple_undirected` — self-loops, duplicates and reverse duplicates removed (Algorithm 3's
    input is a set of undirected relations).
@@ -16,11 +18,13 @@ References:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from lightning_dprel import randomness
+from lightning_dprel.randomness import check_source
 
 __all__ = [
     "CAPPING_POLICIES",
@@ -32,7 +36,6 @@ __all__ = [
     "sample_without_replacement",
     "sample_eval_candidates",
     "max_freq",
-    "secret_generator",
 ]
 
 CAPPING_POLICIES = ("drop", "assert")
@@ -43,9 +46,6 @@ _GOLDEN = 0x9E3779B97F4A7C15 - _M64
 _MIX1 = 0xBF58476D1CE4E5B9 - _M64
 _MIX2 = 0x94D049BB133111EB - _M64
 _MAX_NODE_ID = (1 << 31) - 1
-_MT_WORDS = 624  # mt19937 state words in torch's CPU generator state
-_MT_OFFSET = 24  # bytes before them: int64 seed, int32 left, int32 seeded, uint64 next
-_MT_STATE_BYTES = 5056  # torch's CPUGeneratorImplState
 
 
 def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
@@ -68,26 +68,24 @@ def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
             )
 
 
-def _check_generator(generator: torch.Generator) -> None:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"`generator` must be a torch.Generator, got {type(generator).__name__}; "
-            "pass e.g. torch.Generator().manual_seed(0)."
-        )
+def _check_generator(generator: Any) -> None:
+    check_source(generator, "generator")
 
 
-def to_simple_undirected(edge_index: Tensor, num_nodes: int) -> Tensor:
-    """The simple undirected graph of ``edge_index``: one canonical column (u < v) per relation.
+def to_simple_undirected(edge_index: Tensor, num_nodes: int, *, keep_orientation: bool = False) -> Tensor:
+    """The simple undirected graph of ``edge_index``: one column per relation, sorted by (min, max) endpoint.
 
-    Self-loops are dropped; (u, v), (v, u) and repeats collapse to one edge. The result is sorted by
-    (u, v), so it is a function of the edge *set* only.
+    Self-loops are dropped; (u, v), (v, u) and repeats collapse to one edge, so the result is a function of
+    the edge *set* only. This is the one edge-cleaning routine of the library (the datamodule uses it too).
 
     Args:
         edge_index: ``[2, E]`` integer node ids (directed or undirected, any order).
         num_nodes: n; ids must lie in ``[0, n)``.
+        keep_orientation: False (default): canonical columns (u < v). True: each relation as it was
+            first listed (e.g. child → parent), same column order.
 
     Returns:
-        ``[2, m]`` long tensor with ``out[0] < out[1]``, sorted lexicographically.
+        ``[2, m]`` long tensor, sorted lexicographically by (min, max) endpoint.
 
     Raises:
         ValueError: wrong shape, ids out of range.
@@ -96,8 +94,15 @@ def to_simple_undirected(edge_index: Tensor, num_nodes: int) -> Tensor:
     ei = edge_index.long()
     u, v = torch.minimum(ei[0], ei[1]), torch.maximum(ei[0], ei[1])
     keep = u != v
-    key = torch.unique(u[keep] * num_nodes + v[keep])  # sorted
-    return torch.stack([key // num_nodes, key % num_nodes])
+    key = u[keep] * num_nodes + v[keep]
+    if not keep_orientation:
+        key = torch.unique(key)  # sorted
+        return torch.stack([key // num_nodes, key % num_nodes])
+    ei = ei[:, keep]
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    first = torch.full((uniq.numel(),), key.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(key.numel()), reduce="amin")  # first listing of each relation
+    return ei[:, first]
 
 
 def _splitmix64(x: Tensor) -> Tensor:
@@ -138,7 +143,7 @@ def cap_degree(
     max_degree: int,
     *,
     policy: str = "drop",
-    generator: torch.Generator | None = None,
+    generator: Any | None = None,
 ) -> Tensor:
     """Degree capping to K (Algorithm 3, line 1): every node keeps at most ``max_degree`` edges.
 
@@ -177,7 +182,7 @@ def cap_degree(
 
     Raises:
         ValueError: K < 1, unknown policy, non-canonical edges, or (``"assert"``) a node above K.
-        TypeError: ``"drop"`` without a ``torch.Generator``.
+        TypeError: ``"drop"`` without a KeyedStream or ``torch.Generator``.
     """
     _check_edge_index(edge_index, num_nodes)
     if isinstance(max_degree, bool) or not isinstance(max_degree, int) or max_degree < 1:
@@ -200,7 +205,7 @@ def cap_degree(
             )
         return ei
     _check_generator(generator)
-    salt = int(torch.randint(0, 2**62, (1,), generator=generator))
+    salt = int(randomness.randint(2**62, 1, generator))
     m = ei.shape[1]
     if m == 0 or int(deg.max()) <= max_degree:
         return ei
@@ -221,7 +226,7 @@ def cap_degree(
     return ei[:, ~over]
 
 
-def sample_without_replacement(population: int, size: int, *, generator: torch.Generator) -> Tensor:
+def sample_without_replacement(population: int, size: int, *, generator: Any) -> Tensor:
     """``size`` distinct ints drawn uniformly from ``[0, population)``, in uniformly random order.
 
     For small samples, draws i.i.d. uniform ids and keeps first occurrences (the first ``size`` distinct
@@ -236,11 +241,11 @@ def sample_without_replacement(population: int, size: int, *, generator: torch.G
     if size == 0:
         return torch.zeros(0, dtype=torch.long)
     if 8 * size > population:
-        return torch.randperm(population, generator=generator)[:size]
+        return randomness.randperm(population, generator)[:size]
     seq = torch.zeros(0, dtype=torch.long)
     while True:
         need = size + size // 4 + 8
-        seq = torch.cat([seq, torch.randint(0, population, (need,), generator=generator)])
+        seq = torch.cat([seq, randomness.randint(population, need, generator)])
         uniq, inv = torch.unique(seq, return_inverse=True)
         if uniq.numel() >= size:
             break
@@ -249,7 +254,7 @@ def sample_without_replacement(population: int, size: int, *, generator: torch.G
     return seq[torch.sort(first).values[:size]]
 
 
-def poisson_positives(num_edges: int, rate: float, *, generator: torch.Generator) -> Tensor:
+def poisson_positives(num_edges: int, rate: float, *, generator: Any) -> Tensor:
     """E⁺ of Algorithm 3, line 3: each of the m capped edges independently with probability γ.
 
     Drawn as |E⁺| ~ Binomial(m, γ) followed by a uniform |E⁺|-subset, which has exactly the distribution
@@ -268,14 +273,12 @@ def poisson_positives(num_edges: int, rate: float, *, generator: torch.Generator
         raise ValueError(f"`num_edges` must be an int >= 1, got {num_edges!r}.")
     if not (0.0 < float(rate) <= 1.0):
         raise ValueError(f"`rate` (gamma) must be in (0, 1], got {rate}.")
-    count = torch.tensor([float(num_edges)], dtype=torch.float64)
-    prob = torch.tensor([float(rate)], dtype=torch.float64)
-    size = int(torch.binomial(count, prob, generator=generator).item())
+    size = randomness.binomial(num_edges, float(rate), generator)
     return torch.sort(sample_without_replacement(num_edges, size, generator=generator)).values
 
 
 def neg_sample_wor(
-    num_pos: int, neg_per_pos: int, num_nodes: int, *, generator: torch.Generator
+    num_pos: int, neg_per_pos: int, num_nodes: int, *, generator: Any
 ) -> tuple[Tensor, Tensor]:
     """Algorithm 2, NEG-SAMPLE-WOR: |E⁺|·k distinct negative nodes, uniform over V, plus anchor ends.
 
@@ -307,7 +310,7 @@ def neg_sample_wor(
         )
     total = num_pos * neg_per_pos
     neg = sample_without_replacement(num_nodes, total, generator=generator).view(num_pos, neg_per_pos)
-    anchor = torch.randint(0, 2, (num_pos, neg_per_pos), generator=generator)
+    anchor = randomness.randint(2, total, generator).view(num_pos, neg_per_pos)
     return neg, anchor
 
 
@@ -343,7 +346,7 @@ def max_freq(pos: Tensor, neg: Tensor) -> Tensor:
 
 
 def sample_eval_candidates(
-    query: Tensor, target: Tensor, num_nodes: int, num_negatives: int, *, generator: torch.Generator
+    query: Tensor, target: Tensor, num_nodes: int, num_negatives: int, *, generator: Any
 ) -> Tensor:
     """Candidate sets for relation prediction (Section 5.2): the target plus N distinct sampled negatives.
 
@@ -374,41 +377,3 @@ def sample_eval_candidates(
     draws = draws + (draws >= lo[:, None]).long()
     draws = draws + (draws >= hi[:, None]).long()
     return torch.cat([target.long()[:, None], draws], dim=1)
-
-
-def secret_generator(secret: int, *tags: Any) -> torch.Generator:
-    """A CPU generator whose whole mt19937 state is derived from a secret (for secret streams, Algorithm 3).
-
-    ``torch.Generator.manual_seed`` keeps only the low 32 bits of a seed, so a secret passed through it
-    would leave 2^32 possible streams (searchable). Instead all 624 state words are filled from
-    ``shake_256(repr((secret, *tags)))``, so each secret (64 bits or more) and tag gives its own state. The
-    stream is then as unguessable as the secret; mt19937 is not a CSPRNG (enough of its raw output would
-    reveal the state), so the draws themselves must stay private too.
-
-    Args:
-        secret: a non-negative int (e.g. 64 bits from ``os.urandom``).
-        tags: names of the stream (e.g. ``"sampling", "positives"``).
-
-    Raises:
-        RuntimeError: torch's CPU generator state has an unexpected layout.
-    """
-    material = hashlib.shake_256(repr((int(secret),) + tags).encode()).digest(4 * _MT_WORDS)
-    words = torch.frombuffer(bytearray(material), dtype=torch.int32).to(torch.int64).bitwise_and_(0xFFFFFFFF)
-    words[0] |= 1 << 31  # never the all-zero state (mt19937 needs a nonzero top bit of word 0 or other word)
-    gen = torch.Generator().manual_seed(5)
-    state = gen.get_state().clone()
-    word1 = int.from_bytes(bytes(state[_MT_OFFSET + 8 : _MT_OFFSET + 16].tolist()), "little")
-    if state.numel() != _MT_STATE_BYTES or int(state[_MT_OFFSET]) != 5 or word1 != (1812433253 * 5 + 1) % 2**32:
-        raise RuntimeError(
-            f"torch's CPU generator state has {state.numel()} bytes in an unexpected layout; secret_generator "
-            "cannot fill the mt19937 words (update _MT_OFFSET/_MT_STATE_BYTES for this torch version)."
-        )
-    state[_MT_OFFSET : _MT_OFFSET + 8 * _MT_WORDS] = _le_bytes(words)  # each word stored as a uint64
-    gen.set_state(state)
-    return gen
-
-
-def _le_bytes(words: Tensor) -> Tensor:
-    """uint8 little-endian bytes of int64 values (8 per value)."""
-    shifts = torch.arange(0, 64, 8, dtype=torch.int64)
-    return torch.bitwise_right_shift(words[:, None], shifts).bitwise_and_(0xFF).to(torch.uint8).reshape(-1)

@@ -90,9 +90,10 @@ class NoiseSpec:
         clip_norm: C > 0.
         clipping: ``"freq"`` (Algorithm 1, FREQ-CLIP: tuple i clipped to C / (2·max-freq_i)),
             ``"standard"`` (every tuple clipped to C), or ``"none"`` (non-private baseline, σ must be 0).
-        accounting: only for ``clipping="freq"``: ``"corrected"`` (default; sensitivity profile
+        accounting: for ``clipping="freq"``: ``"corrected"`` (default; sensitivity profile
             Δ_freq(i, j) = C(1/2 + 3j/4 + i(1+k)/4), which holds) or ``"paper"`` (Eq. 3 as
-            published, Δ ≡ C; rests on Proposition 4.1, which does not hold as stated).
+            published, Δ ≡ C; rests on Proposition 4.1, which does not hold as stated). Any clipping: the
+            name of a mechanism registered with ``register_mechanism(..., clipping=(clipping,))``.
     """
 
     noise_multiplier: float
@@ -103,8 +104,10 @@ class NoiseSpec:
     def __post_init__(self) -> None:
         if self.clipping not in CLIPPING_MODES:
             raise ValueError(f"`clipping` must be one of {CLIPPING_MODES}, got {self.clipping!r}.")
-        if self.accounting not in ACCOUNTING_MODES:
-            raise ValueError(f"`accounting` must be one of {ACCOUNTING_MODES}, got {self.accounting!r}.")
+        if not isinstance(self.accounting, str) or not self.accounting:
+            raise ValueError(
+                f"`accounting` must be one of {ACCOUNTING_MODES} or a registered mechanism name, got {self.accounting!r}."
+            )
         if not (float(self.noise_multiplier) >= 0.0) or math.isinf(self.noise_multiplier):
             raise ValueError(f"`noise_multiplier` must be >= 0 and finite, got {self.noise_multiplier}.")
         if not (float(self.clip_norm) > 0.0) or math.isinf(self.clip_norm):
@@ -121,10 +124,13 @@ class NoiseSpec:
 
     @property
     def mechanism(self) -> str:
-        """The accountant mechanism name: ``freq_corrected``, ``freq_paper``, ``standard`` or ``none``."""
-        if self.clipping == "freq":
-            return f"freq_{self.accounting}"
-        return self.clipping
+        """The accountant mechanism name: ``freq_corrected``, ``freq_paper``, ``standard``, ``none``, or the
+        registered mechanism named by ``accounting`` (checked against the registry by the ledger)."""
+        if self.clipping == "none":
+            return "none"
+        if self.accounting not in ACCOUNTING_MODES:
+            return self.accounting
+        return f"freq_{self.accounting}" if self.clipping == "freq" else self.clipping
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -51,13 +51,14 @@ class SaveParams(Callback):
 
     def on_train_end(self, trainer, pl_module):
         params = {n: p.detach().clone() for n, p in pl_module.encoder.named_parameters()}
-        torch.save({"params": params, "steps": pl_module._dp_optimizer.steps},
+        torch.save({"params": params, "steps": pl_module.privacy_ledger.steps},
                    f"{self.folder}/rank{trainer.global_rank}_of{trainer.world_size}.pt")
 
 
 def _fit(devices, strategy, folder):
     torch.manual_seed(0)
-    module = DPRelationalModule(MLPEncoder(8, hidden_dim=16, out_dim=8), lr=0.05, noise_multiplier=0.8, noise_seed=21)
+    module = DPRelationalModule(MLPEncoder(8, hidden_dim=16, out_dim=8), lr=0.05, noise_multiplier=0.8, noise_seed=21,
+                                allow_untracked=True)
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, use_distributed_sampler=False,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[SaveParams(folder)])

@@ -129,7 +129,56 @@ def test_tuple_independence_text(tiny_bert):
     changed["input_ids"][0] = torch.roll(changed["input_ids"][0], 1, dims=0)
     other = per_tuple_grads(enc, changed, _head(), (batch.neg_anchor,))
     for name in base.grads:
-        torch.testing.assert_close(base.grads[name][1:], other.grads[name][1:], atol=1e-6, rtol=0)
+        assert torch.equal(base.grads[name][1:], other.grads[name][1:]), name  # bit for bit, not within a tolerance
+
+
+def _text_datamodule(path, long_text):
+    """A text graph whose node 11 has a 14-word text and every other node 1-3 words (max_length 16)."""
+    import warnings
+
+    from torch_geometric.data import Data
+
+    from datamodules import RelationalDataModule
+
+    texts = [" ".join(WORDS[(7 * i + j) % len(WORDS)] for j in range(1 + i % 3)) for i in range(24)]
+    texts[11] = long_text
+    ring = torch.stack([torch.arange(24), (torch.arange(24) + 1) % 24])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dm = RelationalDataModule(Data(edge_index=ring, text=texts, num_nodes=24), tokenizer=path, max_length=16,
+                                  expected_batch_size=1, neg_per_pos=2, sampling_seed=0, test_fraction=0.3)
+    dm.setup("fit")
+    return dm
+
+
+def test_tuple_gradients_do_not_depend_on_the_other_tuples_text_lengths(tiny_bert):
+    """Issue 11, finding 4: removing a tuple with a long text leaves every other tuple's gradient bit for bit.
+
+    The datamodule pads every training batch to the fixed ``max_length``; trimming to the batch's longest text
+    changed the other tuples' float32 gradients by ~1e-7 relative (a different attention width and reduction).
+    """
+    from datamodules.rows import gather_rows
+
+    dm = _text_datamodule(tiny_bert, " ".join(WORDS[:14]))
+    assert int(dm.train_inputs["attention_mask"][11].sum()) == 16 and int(dm.train_inputs["attention_mask"].sum(1).min()) == 3
+    torch.manual_seed(0)
+    enc = TextEncoder(tiny_bert, lora_r=0).eval()  # the random 2-layer BERT (hidden 32), all weights trained
+    pos = torch.tensor([[0, 1], [2, 3], [4, 11]])  # tuple 2 holds the long text
+    neg = torch.tensor([[5, 6], [7, 8], [9, 10]])
+    anchor = torch.tensor([[0, 1], [1, 0], [0, 0]])
+
+    def grads(rows, trim=False):
+        batch = dm.make_batch(pos[rows], neg[rows], anchor[rows], step=0)
+        if trim:  # the old behaviour, to show the test can see the difference
+            batch.node_inputs = gather_rows(dm.train_inputs, batch.node_ids, trim=True)
+        return per_tuple_grads(enc, tuple_inputs(batch), _head(), (batch.neg_anchor,)).grads
+
+    with_long, without = grads([0, 1, 2]), grads([0, 1])
+    assert next(iter(with_long.values())).shape[0] == 3
+    for name in without:
+        assert torch.equal(with_long[name][:2], without[name]), name
+    trimmed_long, trimmed_short = grads([0, 1, 2], trim=True), grads([0, 1], trim=True)
+    assert any(not torch.equal(trimmed_long[n][:2], trimmed_short[n]) for n in trimmed_short)
 
 
 def test_dropout_uses_different_randomness():

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import PAPER_EQ3_WARNING, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
+from lightning_dprel.ledger import PrivacyLedger, StepRecord
 from lightning_dprel.specs import NoiseSpec, SamplingSpec
 
 MECHS = ("freq_corrected", "freq_paper", "standard")
@@ -43,6 +44,7 @@ class BoringPrivateModule(pl.LightningModule):
         self.layer = torch.nn.Linear(1, 1)
         self.sigma, self.clipping, self.accounting, self.clip_norm = sigma, clipping, accounting, clip_norm
         self.optimizer_steps = 0
+        self.privacy_ledger = PrivacyLedger()
 
     @property
     def noise_spec(self) -> NoiseSpec:
@@ -58,9 +60,16 @@ class BoringPrivateModule(pl.LightningModule):
         self.manual_backward(loss)
         opt.step()
         self.optimizer_steps += 1
+        self.privacy_ledger.charge(StepRecord.from_spec(self.noise_spec, self.privacy_ledger.sampling.expected_batch_size))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["ledger"] = self.privacy_ledger.state_dict()
+
+    def on_load_checkpoint(self, checkpoint):
+        self.privacy_ledger.load_state_dict(checkpoint["ledger"])
 
 
 class SpecDataModule(pl.LightningDataModule):
@@ -249,8 +258,9 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path, calibrate):
 
     full_cb, full_module, full_trainer = run(save=True)
     ckpt = tmp_path / "step=8.ckpt"
-    state = torch.load(ckpt, weights_only=False)["callbacks"]["PrivacyCallback"]
-    assert state["steps_seen"] == 8 and state["target_epsilon"] == target
+    saved = torch.load(ckpt, weights_only=False)
+    state = saved["callbacks"]["PrivacyCallback"]
+    assert sum(seg["steps"] for seg in saved["ledger"]["segments"]) == 8 and state["target_epsilon"] == target
     assert state["mechanism"] == "freq_corrected" and state["delta"] == delta
 
     resumed_cb, resumed_module, resumed_trainer = run(ckpt_path=str(ckpt))
@@ -263,7 +273,7 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path, calibrate):
         assert full_cb.steps == 13 and full_cb.stopped_step == resumed_cb.stopped_step == 13
 
 
-def test_resume_without_privacy_state_is_refused(tmp_path):
+def test_resume_without_callback_state_still_counts_the_ledger(tmp_path):
     spec, sigma = _resume_config()
     module = module_for("freq_corrected", sigma)
     trainer = make_trainer(PrivacyCallback(), max_steps=3)
@@ -273,10 +283,10 @@ def test_resume_without_privacy_state_is_refused(tmp_path):
     checkpoint = torch.load(path, weights_only=False)
     del checkpoint["callbacks"]["PrivacyCallback"]
     torch.save(checkpoint, path)
-    with pytest.raises(ValueError, match="no PrivacyCallback state"):
-        make_trainer(PrivacyCallback(), max_steps=6).fit(
-            module_for("freq_corrected", sigma), datamodule=SpecDataModule(spec), ckpt_path=str(path)
-        )
+    resumed, fresh = PrivacyCallback(), module_for("freq_corrected", sigma)
+    make_trainer(resumed, max_steps=6).fit(fresh, datamodule=SpecDataModule(spec), ckpt_path=str(path))
+    assert fresh.optimizer_steps == 3 and resumed.steps == 6  # the 3 steps before the checkpoint are in the ledger
+    assert resumed.epsilon == pytest.approx(independent_eps("freq_corrected", spec, sigma, 1.0 / spec.num_edges, 6), rel=1e-12)
 
 
 def test_state_dict_is_plain_and_rejects_another_mechanism():
@@ -284,7 +294,7 @@ def test_state_dict_is_plain_and_rejects_another_mechanism():
     callback = PrivacyCallback()
     make_trainer(callback, max_steps=2).fit(module_for("standard", sigma), datamodule=SpecDataModule(spec))
     state = callback.state_dict()
-    assert state["mechanism"] == "standard" and state["steps_seen"] == 2
+    assert state["mechanism"] == "standard" and "steps_seen" not in state  # what was spent is the module's ledger
     assert all(isinstance(state[key], (int, float, str, type(None), dict)) for key in state)
     with pytest.raises(ValueError, match="mechanism='standard'"):
         PrivacyCallback(mechanism="freq_corrected").load_state_dict(state)
@@ -396,7 +406,7 @@ class SaveBeforePrivacy(pl.Callback):
             trainer.save_checkpoint(self.path)
 
 
-def test_steps_taken_after_the_saved_privacy_state_are_charged_on_resume(tmp_path):
+def test_a_checkpoint_saved_before_the_callback_runs_holds_the_step(tmp_path):
     spec, sigma = _resume_config()
     delta = 1.0 / spec.num_edges
     target = 0.5 * (independent_eps("standard", spec, sigma, delta, 8) + independent_eps("standard", spec, sigma, delta, 9))
@@ -405,11 +415,11 @@ def test_steps_taken_after_the_saved_privacy_state_are_charged_on_resume(tmp_pat
     trainer = make_trainer(full)
     trainer.callbacks.insert(0, SaveBeforePrivacy(path, at=3))
     trainer.fit(module_for("standard", sigma), datamodule=SpecDataModule(spec))
-    assert torch.load(path, weights_only=False)["callbacks"]["PrivacyCallback"]["steps_seen"] == 2
+    # the module charged step 3 when it took it, before any callback ran: the checkpoint's ledger has it
+    assert torch.load(path, weights_only=False)["ledger"]["segments"][0]["steps"] == 3
 
     resumed, module = PrivacyCallback(target_epsilon=target), module_for("standard", sigma)
-    with pytest.warns(UserWarning, match="1 optimizer steps ran after the privacy state was saved"):
-        make_trainer(resumed).fit(module, datamodule=SpecDataModule(spec), ckpt_path=str(path))
+    make_trainer(resumed).fit(module, datamodule=SpecDataModule(spec), ckpt_path=str(path))
     assert resumed.steps == full.steps == 8 and module.optimizer_steps == 5
     assert resumed.epsilon == full.epsilon
 
@@ -470,7 +480,7 @@ class SwitchingModule(BoringPrivateModule):
 
 
 def test_a_module_that_switches_clipping_mid_fit_is_refused():
-    with pytest.raises(ValueError, match="switched to noise_spec.mechanism='standard' during fit"):
+    with pytest.raises(ValueError, match="already spent 2 private steps accounted with 'freq_corrected'"):
         make_trainer(PrivacyCallback(), max_steps=5).fit(SwitchingModule(), datamodule=SpecDataModule(make_spec()))
 
 
@@ -536,7 +546,7 @@ def test_plain_lightning_project_with_our_module_and_datamodule():
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
     trainer.fit(module, datamodule=dm)
-    assert callback.steps == trainer.global_step == module._dp_optimizer.steps == 7
+    assert callback.steps == trainer.global_step == module.privacy_ledger.steps == 7
     assert callback.epsilon == pytest.approx(eps_expected, rel=1e-9) and callback.epsilon <= target
     assert logger.values("epsilon")[-1] == pytest.approx(eps_expected, rel=1e-6)
     assert "accounting: FREQ-CLIP corrected" in callback.summary
@@ -557,7 +567,7 @@ def test_real_module_resume_equals_uninterrupted(tmp_path, calibrate):
 
     full_cb, full_module = run(save=True)
     resumed_cb, resumed_module = run(ckpt_path=str(tmp_path / "step=3.ckpt"))
-    assert resumed_cb.steps == full_cb.steps == resumed_module._dp_optimizer.steps == 7
+    assert resumed_cb.steps == full_cb.steps == resumed_module.privacy_ledger.steps == 7
     assert resumed_cb.epsilon == full_cb.epsilon <= target
     assert resumed_module.noise_spec == full_module.noise_spec
     if calibrate:

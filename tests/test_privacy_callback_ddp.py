@@ -70,7 +70,7 @@ def _fit_real() -> dict:
     trainer = make_trainer(callback, strategy="ddp", devices=2, limit_val_batches=0)
     trainer.fit(module, datamodule=dm)
     params = torch.cat([p.detach().flatten() for p in module.parameters()])
-    return dict(steps=callback.steps, dp_steps=module._dp_optimizer.steps, epsilon=callback.epsilon,
+    return dict(steps=callback.steps, dp_steps=module.privacy_ledger.steps, epsilon=callback.epsilon,
                 params=params.tolist())
 
 

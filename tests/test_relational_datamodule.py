@@ -41,7 +41,7 @@ def _check_tuple_batch(batch: TupleBatch, inputs: dict[str, torch.Tensor], k: in
     assert batch.node_ids.unique().numel() == batch.node_ids.numel()
     for key, val in batch.node_inputs.items():
         assert val.shape[0] == batch.node_ids.numel()
-        assert torch.equal(val, inputs[key][batch.node_ids][:, : val.shape[1]])
+        assert torch.equal(val, inputs[key][batch.node_ids])  # full width: never trimmed per batch
     assert batch.neg.unique().numel() == batch.neg.numel()
 
 
@@ -122,11 +122,13 @@ def test_negatives_do_not_depend_on_which_positives_were_drawn():
     n = 300
     cyc = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
     relabel = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    held_out = Data(x=torch.randn(n, 2), edge_index=cyc[:, :10])  # a separate test graph: no split, so m = n for both
     opts = {"max_degree": 2, "capping": "assert", "expected_batch_size": 10, "neg_per_pos": 3, "steps_per_epoch": 8,
-            "sampling_seed": 7}
+            "sampling_seed": 7, "test_source": held_out}
     dms = [RelationalDataModule(Data(x=torch.randn(n, 2), edge_index=ei), **opts) for ei in (cyc, relabel[cyc])]
     for dm in dms:
         dm.setup()
+    assert dms[0].sampling_spec == dms[1].sampling_spec
     a, b = (list(dm.train_dataloader()) for dm in dms)
     assert [x.size for x in a] == [y.size for y in b]
     assert all(torch.equal(x.neg, y.neg) and torch.equal(x.neg_anchor, y.neg_anchor) for x, y in zip(a, b))
@@ -363,11 +365,12 @@ def test_text_graph_tokenised_once_and_zero_shot_test_graph(tiny_bert, monkeypat
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     batch = next(iter(dm.train_dataloader()))
     _check_tuple_batch(batch, dm.train_inputs, 3)
+    # Training batches keep the full max_length width (no trimming to the batch's longest text: issue 11, finding 4).
+    assert batch.node_inputs["input_ids"].shape[1] == batch.node_inputs["attention_mask"].shape[1] == 12
     for row, node in enumerate(batch.node_ids.tolist()):
         ref = tok(train.text[node], padding="max_length", truncation=True, max_length=12, return_tensors="pt")
-        width = batch.node_inputs["input_ids"].shape[1]
-        assert torch.equal(batch.node_inputs["input_ids"][row], ref["input_ids"][0, :width])
-        assert int(ref["attention_mask"][0, width:].sum()) == 0  # trimming only removed padding
+        assert torch.equal(batch.node_inputs["input_ids"][row], ref["input_ids"][0])
+        assert torch.equal(batch.node_inputs["attention_mask"][row], ref["attention_mask"][0])
     # Zero-shot: the queries are the test graph's relations, the inputs its nodes.
     assert dm.eval_query.numel() == to_simple_undirected(test.edge_index, 50).shape[1]
     rb = next(iter(dm.val_dataloader()))

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lightning_dprel.clipping import apply_factors, freq_clip_factors, standard_clip_factors, weighted_sum
-from lightning_dprel.optim import DPOptimizer, NoiseSource
+from lightning_dprel.optim import DPOptimizer
+from lightning_dprel.randomness import KeyedStream
 
 
 def _bad_grads() -> dict[str, torch.Tensor]:
@@ -37,14 +38,14 @@ def test_a_non_finite_tuple_is_dropped_not_spread_over_the_noised_sum(clipping):
     assert torch.isfinite(clipped["w"]).all() and torch.equal(clipped["w"][1:], torch.zeros(3, 2))
 
     params = {"w": torch.nn.Parameter(torch.zeros(2)), "b": torch.nn.Parameter(torch.zeros(1))}
-    noise = NoiseSource(seed=3)
+    noise = KeyedStream.seeded(3, "noise", warn=False)
     dp = DPOptimizer(
         torch.optim.SGD(params.values(), lr=1.0), named_params=params, noise_multiplier=1.0, clip_norm=1.0,
         clipping=clipping, noise=noise,
     )
     dp.record(grads, max_freq=max_freq, expected_batch_size=2.0)
     dp.step()
-    draws = NoiseSource(seed=3).normal(3, 1.0)
+    draws = KeyedStream.seeded(3, "noise", warn=False).normal(3, 1.0)
     assert torch.allclose(params["w"].detach(), -(expected0 * torch.tensor([3.0, 4.0]) + draws[:2]) / 2.0)
     assert torch.allclose(params["b"].detach(), -draws[2:] / 2.0)
 
@@ -94,12 +95,12 @@ def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
     cb = PrivacyCallback(target_epsilon=4.0)
     cb.mechanism = "freq_corrected"
     with pytest.warns(UserWarning, match=r"δ = 0.002 is not below 1/n = 0.001"):
-        cb._start_accountant(few_edges)
+        cb._resolve_delta(few_edges)
     quiet = PrivacyCallback(target_epsilon=4.0)
     quiet.mechanism = "freq_corrected"
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        quiet._start_accountant(many_edges)
+        quiet._resolve_delta(many_edges)
     assert quiet.delta == pytest.approx(1 / 500)

@@ -1,4 +1,7 @@
-"""Tests of the coupled sampling primitives (Algorithms 1-3): invariants, seeded statistics, references."""
+"""Tests of the coupled sampling primitives (Algorithms 1-3): invariants, seeded statistics, references.
+
+The statistical tests run on both sources the functions accept: a torch.Generator and the keyed CSPRNG
+stream the datamodule uses (:class:`~lightning_dprel.randomness.KeyedStream`)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
+from lightning_dprel.randomness import KeyedStream
 from lightning_dprel.sampling import (
     cap_degree,
     edge_priority,
@@ -23,6 +27,14 @@ from lightning_dprel.sampling import (
 
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def _source(kind: str, seed: int):
+    """A seeded torch.Generator or a seeded KeyedStream (both are accepted as ``generator=``)."""
+    return _gen(seed) if kind == "torch" else KeyedStream.seeded(seed, "test/sampling", warn=False)
+
+
+KINDS = pytest.mark.parametrize("kind", ["torch", "keyed"])
 
 
 def _random_simple(n: int, m: int, seed: int) -> torch.Tensor:
@@ -61,6 +73,13 @@ def test_to_simple_undirected_matches_python_sets():
 def test_to_simple_undirected_bad_input(edge_index, num_nodes, match):
     with pytest.raises(ValueError, match=match):
         to_simple_undirected(edge_index, num_nodes)
+
+
+def test_to_simple_undirected_keep_orientation_keeps_the_first_listing():
+    ei = torch.tensor([[3, 1, 0, 2, 2, 0, 1], [2, 0, 1, 2, 3, 3, 3]])  # (3,2) then (2,3); (1,0) then (0,1); a self-loop
+    out = to_simple_undirected(ei, 4, keep_orientation=True)
+    assert out.tolist() == [[1, 0, 1, 3], [0, 3, 3, 2]]  # same columns as the canonical form, first orientation
+    assert torch.equal(torch.sort(out, dim=0).values, to_simple_undirected(ei, 4))
 
 
 def test_to_simple_undirected_float_ids_type_error():
@@ -148,7 +167,7 @@ def test_cap_degree_drop_is_identity_below_cap():
     [
         ({"max_degree": 0}, ValueError, r"`max_degree` \(K\) must be an int >= 1, got 0"),
         ({"max_degree": 2, "policy": "random"}, ValueError, r"`policy` must be one of \('drop', 'assert'\)"),
-        ({"max_degree": 2, "generator": None}, TypeError, r"`generator` must be a torch.Generator"),
+        ({"max_degree": 2, "generator": None}, TypeError, r"`generator` must be a .*KeyedStream or a torch.Generator"),
     ],
 )
 def test_cap_degree_bad_options(kwargs, exc, match):
@@ -172,9 +191,11 @@ def test_edge_priority_depends_only_on_the_edge():
 
 
 # ----------------------------------------------------------------------------- poisson_positives
-@pytest.mark.parametrize(("m", "gamma", "draws"), [(200, 0.1, 4000), (100_000, 0.0005, 2000)])
-def test_poisson_positive_count_is_binomial(m, gamma, draws):
-    g = _gen(12)
+@pytest.mark.parametrize(("kind", "m", "gamma", "draws"), [
+    ("torch", 200, 0.1, 4000), ("torch", 100_000, 0.0005, 2000), ("keyed", 200, 0.1, 4000), ("keyed", 20_000, 0.002, 400),
+])
+def test_poisson_positive_count_is_binomial(kind, m, gamma, draws):
+    g = _source(kind, 12)
     counts = torch.tensor([poisson_positives(m, gamma, generator=g).numel() for _ in range(draws)], dtype=torch.float64)
     mean, var = m * gamma, m * gamma * (1 - gamma)
     # Seeded: tolerances are 5 standard errors of the sample mean / sample variance.
@@ -182,9 +203,10 @@ def test_poisson_positive_count_is_binomial(m, gamma, draws):
     assert abs(float(counts.var()) - var) < 5 * var * math.sqrt(2 / (draws - 1))
 
 
-def test_poisson_positive_inclusion_is_uniform_and_indices_valid():
+@KINDS
+def test_poisson_positive_inclusion_is_uniform_and_indices_valid(kind):
     m, gamma, draws = 40, 0.25, 3000
-    g = _gen(13)
+    g = _source(kind, 13)
     hits = torch.zeros(m)
     for _ in range(draws):
         idx = poisson_positives(m, gamma, generator=g)
@@ -202,8 +224,9 @@ def test_poisson_positives_rate_one_takes_everything_and_bad_rate_raises():
 
 
 # ----------------------------------------------------------------------------- NEG-SAMPLE-WOR
-def test_neg_sample_wor_invariants():
-    g = _gen(14)
+@KINDS
+def test_neg_sample_wor_invariants(kind):
+    g = _source(kind, 14)
     for num_pos, k, n in [(0, 4, 10), (3, 0, 10), (5, 4, 20), (50, 4, 1000), (7, 3, 21)]:
         neg, anchor = neg_sample_wor(num_pos, k, n, generator=g)
         assert neg.shape == anchor.shape == (num_pos, k)
@@ -212,9 +235,10 @@ def test_neg_sample_wor_invariants():
         assert set(anchor.flatten().tolist()) <= {0, 1}
 
 
+@KINDS
 @pytest.mark.parametrize(("num_pos", "k", "n"), [(5, 4, 50), (2, 3, 1000)])  # randperm and rejection branches
-def test_neg_sample_wor_is_uniform_over_nodes(num_pos, k, n):
-    g = _gen(15)
+def test_neg_sample_wor_is_uniform_over_nodes(kind, num_pos, k, n):
+    g = _source(kind, 15)
     draws = 40 * n // (num_pos * k)
     counts = torch.zeros(n)
     first_slot = torch.zeros(n)
@@ -231,11 +255,12 @@ def test_neg_sample_wor_is_uniform_over_nodes(num_pos, k, n):
 
 def test_neg_sample_wor_depends_only_on_the_count():
     """Same generator state and count ⇒ same negatives; the function never sees the positives."""
-    a = neg_sample_wor(6, 4, 100, generator=_gen(16))
-    b = neg_sample_wor(6, 4, 100, generator=_gen(16))
-    c = neg_sample_wor(6, 4, 100, generator=_gen(17))
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert not torch.equal(a[0], c[0])
+    for kind in ("torch", "keyed"):
+        a = neg_sample_wor(6, 4, 100, generator=_source(kind, 16))
+        b = neg_sample_wor(6, 4, 100, generator=_source(kind, 16))
+        c = neg_sample_wor(6, 4, 100, generator=_source(kind, 17))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert not torch.equal(a[0], c[0])
 
 
 def test_neg_sample_wor_refuses_overflow():
@@ -245,10 +270,11 @@ def test_neg_sample_wor_refuses_overflow():
         neg_sample_wor(2, -1, 20, generator=_gen())
 
 
-def test_sample_without_replacement_sets_are_uniform():
+@KINDS
+def test_sample_without_replacement_sets_are_uniform(kind):
     """Every 2-subset of 6 items equally likely (both code paths)."""
     for population, size in [(6, 2), (60, 2)]:
-        g = _gen(18)
+        g = _source(kind, 18)
         sets = Counter(tuple(sorted(sample_without_replacement(population, size, generator=g).tolist())) for _ in range(6000))
         if population == 6:
             assert len(sets) == 15

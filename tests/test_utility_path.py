@@ -82,7 +82,7 @@ def test_clipped_training_at_sigma_zero_learns_like_unclipped(clipping):
         drops[mode] = before - _mean_loss(module, probe)
         if mode != "none":
             stats = module._dp_optimizer.last_step_stats
-            assert stats["clipped_fraction"] == 1.0  # all clipped: this is the regime that must still learn
+            assert stats["clipped_fraction"] >= 0.9  # (nearly) all clipped: the regime that must still learn
             assert stats["cos_clipped_unclipped"] > 0.5, stats
     assert drops["none"] > 0.2, drops
     assert drops[clipping] >= 0.5 * drops["none"], drops
@@ -92,7 +92,7 @@ def test_diagnostics_record_norms_cosines_and_update():
     dm = _dm()
     dm.setup("fit")
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard", clip_norm=0.5,
-                                noise_multiplier=2.0, noise_seed=0, diagnostics=True)
+                                noise_multiplier=2.0, noise_seed=0, diagnostics=True, allow_untracked=True)
     with pytest.warns(UserWarning, match="outside the differential-privacy guarantee"):
         DPRelationalModule(MLPEncoder(16), diagnostics=True)
     _trainer(max_steps=3).fit(module, dm)

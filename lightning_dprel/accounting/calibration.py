@@ -43,9 +43,12 @@ def epsilon_for(
 
 def noise_multiplier_for(
     target_epsilon: float, *, delta: float, steps: int, sampling: SamplingSpec,
-    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None,
+    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None, spent_rdp: object = None,
 ) -> float:
     """The smallest σ (to ``tol``) whose ε after ``steps`` steps is ≤ ``target_epsilon``.
+
+    ``spent_rdp`` (RDP already spent, at ``orders``; e.g. ``ledger.accountant().rdp()``) is added first, so
+    a model that has trained before gets the σ for what is left of its budget.
 
     Bracketing in log σ, then a secant (Illinois) search on log ε(log σ) safeguarded by bisection; ε is
     non-increasing in σ. The returned σ always satisfies ε(σ) ≤ target, and ε(σ) ≥ (1 − tol)·target unless σ hits the
@@ -54,6 +57,7 @@ def noise_multiplier_for(
     Args:
         target_epsilon: ε* > 0. delta: δ ∈ (0, 1). steps: T ≥ 1. sampling: the datamodule's SamplingSpec.
         mechanism: registered mechanism name. tol: relative ε tolerance in (0, 1). orders: Rényi orders.
+        spent_rdp: optional RDP curve already spent, one value per order.
 
     Raises:
         ValueError: on bad input, or if even σ = 10⁴ cannot meet the target.
@@ -65,9 +69,12 @@ def noise_multiplier_for(
         raise ValueError(f"`tol` must be in (0, 1), got {tol}.")
     grid = as_orders(orders)
     key = _orders_key(grid)
+    spent = np.zeros_like(grid) if spent_rdp is None else np.asarray(spent_rdp, dtype=float)
+    if spent.shape != grid.shape or np.any(~np.isfinite(spent)) or np.any(spent < 0):
+        raise ValueError(f"`spent_rdp` must be finite, >= 0 and have one value per order ({grid.shape}), got shape {spent.shape}.")
 
     def eps(sigma: float) -> float:
-        return rdp_to_epsilon(grid, steps * _lookup(mechanism, sampling, sigma, key), delta)[0]
+        return rdp_to_epsilon(grid, spent + steps * _lookup(mechanism, sampling, sigma, key), delta)[0]
 
     # Bracket: lo has ε > target, hi has ε ≤ target.
     sigma = 1.0

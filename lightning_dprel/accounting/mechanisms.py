@@ -33,6 +33,9 @@ from lightning_dprel.specs import PRIVACY_UNIT, SamplingSpec
 
 __all__ = [
     "MECHANISMS",
+    "PAPER_EQ3_WARNING",
+    "check_module_mechanism",
+    "check_accounting_choice",
     "Mechanism",
     "RdpFunction",
     "EXAMPLE_PRIVACY_UNIT",
@@ -53,6 +56,15 @@ EXAMPLE_PRIVACY_UNIT = "one training example (add/remove), not an entity: use on
 #: The entity-level mechanisms of the paper, in the order reports list them.
 MECHANISMS: tuple[str, ...] = ("freq_corrected", "freq_paper", "standard", "naive")
 
+#: Warned once when an accounting that rests on Proposition 4.1 (the paper's Eq. 3, or the naive bound) is used.
+PAPER_EQ3_WARNING = (
+    "PrivacyCallback: ε is computed with the paper's Eq. 3 (sensitivity Δ ≡ C). Eq. 3 rests on "
+    "Proposition 4.1 (FREQ-CLIP has sensitivity C), which does not hold as stated: removing a node changes "
+    "the clip thresholds of other tuples (a counterexample moves the clipped sum by 6.75·C for K=5, k=4). "
+    "This ε reproduces the paper and under-states the privacy loss; use accounting='corrected' for a bound "
+    "that holds."
+)
+
 
 @dataclass(frozen=True)
 class Mechanism:
@@ -64,6 +76,14 @@ class Mechanism:
         description: one line naming the bound (and its equation) for reports.
         privacy_unit: what neighbouring datasets differ by.
         coupled: True if it needs Algorithm 2's constraint k·γ·m ≤ n.
+        label: the short name reports print next to an ε.
+        clipping: the module clipping modes (``NoiseSpec.clipping``) whose sensitivity this bound covers;
+            empty for mechanisms that only a standalone accountant uses.
+        accounting: the ``NoiseSpec.accounting`` value that selects it (None: only by name, e.g. through
+            ``PrivacyCallback(mechanism=...)``).
+        warning: warned once when a run is accounted with it (e.g. a bound that does not hold).
+        stands_in_for: other mechanisms whose runs ``PrivacyCallback(mechanism=name)`` may account with
+            this bound instead (``naive`` for the paper's Eq. 3 reading of FREQ-CLIP, as in its Figure 2).
     """
 
     name: str
@@ -71,6 +91,11 @@ class Mechanism:
     description: str
     privacy_unit: str = PRIVACY_UNIT
     coupled: bool = True
+    label: str = ""
+    clipping: tuple[str, ...] = ()
+    accounting: str | None = None
+    warning: str | None = None
+    stands_in_for: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, Mechanism] = {}
@@ -78,14 +103,26 @@ _REGISTRY: dict[str, Mechanism] = {}
 
 def register_mechanism(
     name: str, rdp: RdpFunction, *, description: str, privacy_unit: str = PRIVACY_UNIT,
-    coupled: bool = False, overwrite: bool = False,
+    coupled: bool = False, overwrite: bool = False, label: str | None = None,
+    clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
+    stands_in_for: tuple[str, ...] = (),
 ) -> Mechanism:
-    """Add a mechanism to the registry (and clear the per-step cache)."""
+    """Add a mechanism to the registry (and clear the per-step cache).
+
+    A mechanism with ``clipping`` (the module clipping modes it bounds) is usable end to end:
+    ``DPRelationalModule(clipping=..., accounting=<accounting or name>)`` selects it, and the privacy
+    callback and ledger charge it.
+    """
     if not isinstance(name, str) or not name or name == "none":
         raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"Mechanism {name!r} is already registered; pass overwrite=True to replace it.")
-    mech = Mechanism(name, rdp, description, privacy_unit, coupled)
+    bad = [c for c in clipping if c not in ("freq", "standard")]
+    if bad:
+        raise ValueError(f"`clipping` lists the module clipping modes it bounds ('freq', 'standard'), got {bad}.")
+    mech = Mechanism(
+        name, rdp, description, privacy_unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for)
+    )
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()
     return mech
@@ -110,6 +147,29 @@ def get_mechanism(name: str) -> Mechanism:
     if name not in _REGISTRY:
         raise ValueError(f"`mechanism` must be one of {registered_mechanisms()}, got {name!r}.")
     return _REGISTRY[name]
+
+
+def check_module_mechanism(name: str, clipping: str) -> Mechanism:
+    """The registered mechanism ``name`` if it bounds the module's ``clipping``, else a clear ``ValueError``."""
+    mech = get_mechanism(name)
+    if clipping not in mech.clipping:
+        covering = [m.name for m in _REGISTRY.values() if clipping in m.clipping]
+        raise ValueError(
+            f"Mechanism {name!r} does not bound clipping={clipping!r} (it covers {list(mech.clipping)}); the "
+            f"mechanisms that do: {covering}. Register one with register_mechanism(..., clipping=({clipping!r},))."
+        )
+    return mech
+
+
+def check_accounting_choice(module_mechanism: str, chosen: str) -> Mechanism:
+    """The mechanism a callback may account a module's runs with: its own, or one that stands in for it."""
+    mech = get_mechanism(chosen)
+    if chosen != module_mechanism and module_mechanism not in mech.stands_in_for:
+        raise ValueError(
+            f"PrivacyCallback(mechanism={chosen!r}) contradicts the module, whose clipping and accounting give "
+            f"mechanism {module_mechanism!r}. Build the callback with mechanism={module_mechanism!r} or None."
+        )
+    return mech
 
 
 def check_step_count(name: str, value: int) -> int:
@@ -240,22 +300,26 @@ def _poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: np.ndarray) 
 
 
 register_mechanism(
-    "freq_corrected", _freq_corrected, coupled=True,
+    "freq_corrected", _freq_corrected, coupled=True, label="FREQ-CLIP corrected", clipping=("freq",),
+    accounting="corrected",
     description="FREQ-CLIP, corrected accounting: profile Δ=C(1/2+3j/4+i(1+k)/4) in Theorem C.1's mixture",
 )
 register_mechanism(
-    "freq_paper", _freq_paper, coupled=True,
+    "freq_paper", _freq_paper, coupled=True, label="FREQ-CLIP paper Eq. 3", clipping=("freq",), accounting="paper",
+    warning=PAPER_EQ3_WARNING,
     description="FREQ-CLIP, paper's accounting: Eq. 3 (Δ≡C; Proposition 4.1 does not hold as stated)",
 )
 register_mechanism(
-    "standard", _standard, coupled=True,
+    "standard", _standard, coupled=True, label="standard (Thm C.1)", clipping=("standard",),
     description="standard per-tuple clipping: Theorem C.1 (Δ=C(i+2j))",
 )
 register_mechanism(
-    "naive", _naive, coupled=False,
+    "naive", _naive, coupled=False, label="naive Δ ≡ C, no amplification", warning=PAPER_EQ3_WARNING,
+    stands_in_for=("freq_paper",),
     description="naive Gaussian bound α/(2σ²), no amplification by sampling (paper's Figure 2)",
 )
 register_mechanism(
     "poisson_gaussian", _poisson_gaussian, coupled=False, privacy_unit=EXAMPLE_PRIVACY_UNIT,
+    label="per-example Poisson Gaussian",
     description="per-example Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019)",
 )

@@ -1,0 +1,145 @@
+"""Fit-start checks and fact lookups of the privacy callback (pure functions, clear errors)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+
+from lightning_dprel.accounting import get_mechanism, registered_mechanisms
+from lightning_dprel.ledger import PrivacyLedger
+from lightning_dprel.specs import NoiseSpec, SamplingSpec
+
+def positive_finite(name: str, value: Any, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r}); {example}.")
+    value = float(value)
+    if not (value > 0.0) or math.isinf(value):
+        raise ValueError(f"`{name}` must be > 0 and finite, got {value}; {example}.")
+    return value
+
+
+def check_trainer(trainer: "pl.Trainer") -> None:
+    """Refuse trainer settings that would override a budget stop or break the accounting."""
+    fit_loop = trainer.fit_loop
+    if fit_loop.min_steps:
+        raise ValueError(
+            f"PrivacyCallback refuses `Trainer(min_steps={fit_loop.min_steps})`: Lightning ignores a stop until "
+            "min_steps are done, so training could run past the privacy budget. Remove min_steps."
+        )
+    if fit_loop.min_epochs:
+        raise ValueError(
+            f"PrivacyCallback refuses `Trainer(min_epochs={fit_loop.min_epochs})`: Lightning ignores a stop until "
+            "min_epochs are done, so training could run past the privacy budget. Remove min_epochs."
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError(
+            f"PrivacyCallback refuses `Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches})`: one "
+            "optimizer step must use exactly one sampled batch (Algorithm 3). Raise the datamodule's "
+            "expected batch size instead."
+        )
+    if trainer.overfit_batches:
+        raise ValueError(
+            f"PrivacyCallback refuses `Trainer(overfit_batches={trainer.overfit_batches})`: replaying fixed "
+            "batches is not Poisson sampling, so the accounting does not apply. Remove overfit_batches."
+        )
+
+
+def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
+    noise = getattr(pl_module, "noise_spec", None)
+    if not isinstance(noise, NoiseSpec):
+        raise TypeError(
+            f"PrivacyCallback needs `pl_module.noise_spec`, a lightning_dprel.specs.NoiseSpec (σ, C, clipping, "
+            f"accounting); {type(pl_module).__name__} gives {type(noise).__name__}. Use DPRelationalModule or "
+            "add a `noise_spec` property to your module."
+        )
+    return noise
+
+
+def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
+    ledger = getattr(pl_module, "privacy_ledger", None)
+    if not isinstance(ledger, PrivacyLedger):
+        raise TypeError(
+            f"PrivacyCallback reads what the model spent from `pl_module.privacy_ledger`, a "
+            f"lightning_dprel.ledger.PrivacyLedger; {type(pl_module).__name__} gives {type(ledger).__name__}. Use "
+            "DPRelationalModule, or hold a PrivacyLedger and charge it with DPOptimizer.attach_step_hook(ledger.charge)."
+        )
+    return ledger
+
+
+def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:
+    datamodule = trainer.datamodule
+    found = getattr(datamodule, "sampling_spec", None) if datamodule is not None else None
+    if found is not None and not isinstance(found, SamplingSpec):
+        raise TypeError(
+            f"`trainer.datamodule.sampling_spec` must be a lightning_dprel.specs.SamplingSpec, got "
+            f"{type(found).__name__}."
+        )
+    if found is not None and explicit is not None and found != explicit:
+        raise ValueError(
+            f"PrivacyCallback(sampling_spec={explicit}) contradicts trainer.datamodule.sampling_spec={found}. "
+            "Pass sampling_spec=None to use the datamodule's."
+        )
+    spec = found if found is not None else explicit
+    if spec is None:
+        where = "no datamodule" if datamodule is None else f"datamodule {type(datamodule).__name__}"
+        raise ValueError(
+            f"PrivacyCallback needs a SamplingSpec (m, n, K, γ, k, b); the trainer has {where} exposing "
+            "`sampling_spec` after setup. Use RelationalDataModule, add a `sampling_spec` property to your "
+            "datamodule, or pass PrivacyCallback(sampling_spec=...)."
+        )
+    return spec
+
+
+def check_private(noise: NoiseSpec, target_epsilon: Optional[float]) -> None:
+    if noise.noise_multiplier > 0.0:
+        return
+    budget = f" but target_epsilon={target_epsilon} was asked" if target_epsilon is not None else ""
+    raise ValueError(
+        f"PrivacyCallback: the module's noise_multiplier is 0, so ε is infinite{budget}. Set "
+        "noise_multiplier > 0 on the module, or use PrivacyCallback(target_epsilon=..., calibrate=True)."
+    )
+
+
+def planned_steps(trainer: "pl.Trainer", sampling: SamplingSpec) -> int:
+    """Steps this fit will still take: the trainer's planned total minus its (resumed) global step."""
+    total = trainer.estimated_stepping_batches
+    if math.isinf(total) or total <= 0:
+        max_epochs = trainer.max_epochs
+        if max_epochs is None or max_epochs <= 0:
+            raise ValueError(
+                f"PrivacyCallback(calibrate=True) needs a finite number of steps, got max_steps="
+                f"{trainer.max_steps}, max_epochs={max_epochs}. Set Trainer(max_steps=...) or max_epochs."
+            )
+        total = max_epochs * sampling.steps_per_epoch
+    remaining = int(total) - int(trainer.global_step)
+    if remaining < 1:
+        raise ValueError(f"PrivacyCallback(calibrate=True): no steps left to plan (total {int(total)}, done {trainer.global_step}).")
+    return remaining
+
+
+class _Labels(dict):
+    """Mechanism name → report label, read from the registry (so registered mechanisms have one too)."""
+
+    def __missing__(self, name: str) -> str:
+        return get_mechanism(name).label
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in registered_mechanisms() else default
+
+
+#: How a summary names the accounting that produced an ε (from the mechanism registry).
+ACCOUNTING_LABELS = _Labels()
+
+
+def sigma_setter_of(pl_module: "pl.LightningModule") -> Any:
+    """``pl_module.set_noise_multiplier``, or a clear error for calibration without it."""
+    setter = getattr(pl_module, "set_noise_multiplier", None)
+    if not callable(setter):
+        raise ValueError(
+            f"PrivacyCallback(calibrate=True) sets σ with `pl_module.set_noise_multiplier(sigma)`, which "
+            f"{type(pl_module).__name__} lacks. Add it, or calibrate yourself with "
+            "lightning_dprel.accounting.noise_multiplier_for and pass calibrate=False."
+        )
+    return setter
