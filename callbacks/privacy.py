@@ -53,12 +53,10 @@ class PrivacyCallback(Callback):
     ``noise_multiplier`` once when calibrated. A one-line summary is logged at the end of fit (rank zero).
 
     Budget: after step t it asks :class:`~lightning_dprel.budget.PrivacyBudget` whether step t+1 fits; if
-    not it sets ``trainer.should_stop``, agreed across ranks by ``trainer.strategy.reduce_boolean_decision``
-    (any rank stopping stops all). In Lightning 2.6 ``TrainingEpochLoop.done`` and ``FitLoop.done`` read
-    ``should_stop`` before the next batch is run, so no step beyond the budget runs (a validation pass
-    may still run, as with ``EarlyStopping``); ``min_epochs``/``min_steps`` would override the stop and
-    are refused. Before the first step it raises if even one step exceeds the budget on a fresh model; a
-    model whose budget is already spent stops before its first step.
+    not it sets ``trainer.should_stop`` (agreed across ranks by ``reduce_boolean_decision``), which Lightning
+    reads before the next batch, so no step beyond the budget runs; ``min_epochs``/``min_steps`` would
+    override it and are refused. A fresh model whose first step exceeds the budget raises; a model whose
+    budget is spent stops before its first step.
 
     Args:
         target_epsilon: the ε budget; ``None`` only tracks and logs ε.
@@ -82,9 +80,8 @@ class PrivacyCallback(Callback):
         summary: the end-of-fit one-line summary.
 
     Raises:
-        ValueError: bad arguments; at fit start, missing or contradictory facts, trainer settings that
-            would override a stop or break the accounting, or a budget that not even one step fits.
-        TypeError: arguments or facts of the wrong type.
+        ValueError / TypeError: bad arguments; at fit start, missing or contradictory facts, trainer settings
+            that would override a stop or break the accounting, or a budget that not even one step fits.
 
     Example::
 

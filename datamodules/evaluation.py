@@ -12,7 +12,8 @@ from torch.utils.data import IterableDataset
 
 from datamodules.rows import gather_rows, one_thread, slice_rows
 from lightning_dprel.batch import RankingBatch
-from lightning_dprel.sampling import sample_eval_candidates, sample_without_replacement
+from lightning_dprel.ranking import sample_eval_candidates
+from lightning_dprel.sampling import sample_without_replacement
 
 __all__ = ["EvalSet", "eval_queries", "ranking_batch", "RankingStream"]
 

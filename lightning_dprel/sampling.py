@@ -34,7 +34,6 @@ __all__ = [
     "poisson_positives",
     "neg_sample_wor",
     "sample_without_replacement",
-    "sample_eval_candidates",
     "max_freq",
 ]
 
@@ -343,37 +342,3 @@ def max_freq(pos: Tensor, neg: Tensor) -> Tensor:
     # badly when the cores are shared.
     freq.scatter_add_(0, inverse.reshape(-1), first.reshape(-1).long())
     return freq[inverse].max(dim=1).values
-
-
-def sample_eval_candidates(
-    query: Tensor, target: Tensor, num_nodes: int, num_negatives: int, *, generator: Any
-) -> Tensor:
-    """Candidate sets for relation prediction (Section 5.2): the target plus N distinct sampled negatives.
-
-    For query q with relation (u_q, v_q), the N negatives are drawn uniformly without replacement from
-    V \\ {u_q, v_q}; column 0 of the result is v_q.
-
-    Args:
-        query: ``[Q]`` node ids u_q.
-        target: ``[Q]`` node ids v_q (≠ u_q).
-        num_nodes: n of the evaluation graph; needs N ≤ n − 2.
-        num_negatives: N ≥ 1.
-        generator: the source of randomness.
-
-    Returns:
-        ``[Q, 1 + N]`` global node ids.
-    """
-    _check_generator(generator)
-    if num_negatives < 1 or num_negatives > num_nodes - 2:
-        raise ValueError(
-            f"`eval_candidates` must be in [1, n - 2] = [1, {num_nodes - 2}] for a graph of {num_nodes} nodes, "
-            f"got {num_negatives}; lower it or use None (rank against all nodes)."
-        )
-    num_q = query.numel()
-    lo, hi = torch.minimum(query, target).long(), torch.maximum(query, target).long()
-    draws = torch.empty(num_q, num_negatives, dtype=torch.long)
-    for i in range(num_q):  # one WOR draw per query from [0, n - 2); shifted past u_q, v_q below
-        draws[i] = sample_without_replacement(num_nodes - 2, num_negatives, generator=generator)
-    draws = draws + (draws >= lo[:, None]).long()
-    draws = draws + (draws >= hi[:, None]).long()
-    return torch.cat([target.long()[:, None], draws], dim=1)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from ddp_helpers import gloo_group, run_script, spawn
 
 from datamodules import RelationalDataModule
 from datamodules.coupled_stream import SAMPLING_TAG
@@ -181,12 +178,7 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_ddp_ranks_draw_the_same_global_batch_from_a_secret_stream(tmp_path):
     """Two gloo ranks (Lightning ddp_spawn), each with its own os.urandom: rank 0's key reaches both."""
-    script = tmp_path / "ddp_secret.py"
-    script.write_text(_DDP_SCRIPT)
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_script(_DDP_SCRIPT, tmp_path)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["global"] == r1["global"] and len(r0["seen"]) == len(r1["seen"]) == 4
     for whole, a, b in zip(r0["global"], r0["seen"], r1["seen"]):
@@ -196,28 +188,16 @@ def test_ddp_ranks_draw_the_same_global_batch_from_a_secret_stream(tmp_path):
 
 
 def _rekey_worker(rank: int, world: int, port: int, folder: str) -> None:
-    import torch.distributed as dist
-
     dm = _dm(expected_batch_size=20)  # set up before the process group: a draw now keys this rank alone
     alone = dm.draw_global(0)[0]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         dm.setup("fit")  # Lightning calls setup on every rank: the stream takes rank 0's key here
         shared = [dm.draw_global(t)[0] for t in range(3)]
         torch.save({"alone": alone, "shared": shared}, f"{folder}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_setup_replaces_a_key_a_rank_drew_alone(tmp_path):
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rekey_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    spawn(_rekey_worker, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert not torch.equal(r0["alone"], r1["alone"])  # each rank's own os.urandom key before DDP started
     assert all(torch.equal(a, b) for a, b in zip(r0["shared"], r1["shared"]))

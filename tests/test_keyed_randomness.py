@@ -13,15 +13,14 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import socket
 import struct
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from scipy import stats
 
+from ddp_helpers import gloo_group, spawn
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.module import DPRelationalModule
 from lightning_dprel.optim import DPOptimizer
@@ -134,10 +133,7 @@ def test_seeded_stream_warns_and_rejects_bad_input():
 
 
 def _ddp_noise_worker(rank: int, world: int, port: int, folder: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         torch.manual_seed(rank)
         stream = KeyedStream.secret("noise")  # keyed at the first draw: rank 0's key on every rank
         params = {"w": torch.nn.Parameter(torch.zeros(300))}
@@ -146,14 +142,9 @@ def _ddp_noise_worker(rank: int, world: int, port: int, folder: str) -> None:
         dp.record({"w": torch.zeros(0, 300)}, max_freq=None, expected_batch_size=1.0)
         dp.step()
         torch.save(params["w"].detach().clone(), f"{folder}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_ranks_draw_the_same_secret_noise(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_noise_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn(_ddp_noise_worker, tmp_path)
     w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert torch.equal(w0, w1) and bool((w0 != 0).all())

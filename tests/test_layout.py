@@ -15,7 +15,7 @@ TRAINING_PATH = [
     "lightning_dprel/clipping.py", "lightning_dprel/optim.py", "lightning_dprel/randomness.py", "lightning_dprel/ledger.py",
     "lightning_dprel/budget.py", "callbacks/privacy.py", "callbacks/checks.py",
 ]
-MAX_LINES = 380  # "~350": a docstring's worth of slack
+MAX_LINES = 370  # "~350", with a docstring's worth of slack
 
 
 def _module_graph() -> dict[str, set[str]]:

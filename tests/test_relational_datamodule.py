@@ -271,17 +271,10 @@ if __name__ == "__main__":
 def test_real_ddp_two_processes_slices_union_is_the_single_process_batch(tmp_path):
     """Two gloo ranks under Lightning (default use_distributed_sampler=True): no re-wrapping, global max_freq."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    script = tmp_path / "ddp_run.py"
-    script.write_text(_DDP_SCRIPT)
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from ddp_helpers import run_script
+
+    run_script(_DDP_SCRIPT, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     single = _take(_feature_dm(expected_batch_size=20, steps_per_epoch=4).train_dataloader(), 4)
     assert len(ranks[0]) == len(ranks[1]) == 4

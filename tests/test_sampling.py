@@ -13,13 +13,13 @@ import torch
 from scipy import stats
 
 from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.ranking import sample_eval_candidates
 from lightning_dprel.sampling import (
     cap_degree,
     edge_priority,
     max_freq,
     neg_sample_wor,
     poisson_positives,
-    sample_eval_candidates,
     sample_without_replacement,
     to_simple_undirected,
 )

@@ -14,7 +14,6 @@ import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from pytorch_lightning import Callback, Trainer
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
@@ -26,6 +25,7 @@ from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.module import DPRelationalModule
 from lightning_dprel.optim import DPOptimizer
 from lightning_dprel.randomness import KeyedStream
+from ddp_helpers import gloo_group, spawn
 from tuple_batches import build_tuple_batch, sample_coupled
 
 GRAPH = random_feature_graph(num_nodes=120, num_edges=300, dim=16, seed=0)
@@ -236,10 +236,7 @@ def test_split_leaving_no_test_relation_names_the_remedy():
 
 # ----------------------------------------------------------------------------- DDP: rank 0's draws everywhere
 def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         torch.manual_seed(rank)  # ranks differ in everything else
         secure = KeyedStream.secret("noise").normal(500, 1.0)
         seeded = KeyedStream.secret("noise").normal(500, 1.0)
@@ -248,17 +245,10 @@ def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
         dm.setup("fit")
         pos = [b.pos for b in dm.train_dataloader()]
         torch.save({"secure": secure, "seeded": seeded, "pos": pos}, f"{folder}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_ranks_share_rank0_noise_and_sampling_seed(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    spawn(_ddp_worker, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert torch.equal(r0["secure"], r1["secure"]) and torch.equal(r0["seeded"], r1["seeded"])
     assert all(torch.equal(a, b) for a, b in zip(r0["pos"], r1["pos"]))  # rank 0's sampling key on both ranks
