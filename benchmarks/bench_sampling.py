@@ -27,7 +27,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import barabasi_albert_graph
 
-from datamodules.relational import RelationalDataModule
+from lightning_dprel.datamodules.relational import RelationalDataModule
 from lightning_dprel.sampling import (
     cap_degree,
     edge_priority,

@@ -65,7 +65,7 @@ HPARAMS = {"lr": 0.002, "clip_norm": 1.0, "temperature": 0.05, "score": "cosine"
 
 
 # --- data -----------------------------------------------------------------------------------------------
-from datamodules.datasets import GraphSource  # noqa: E402
+from lightning_dprel.datamodules.datasets import GraphSource  # noqa: E402
 
 
 class _Cached(GraphSource):
@@ -85,7 +85,7 @@ class _Cached(GraphSource):
 
 def _datasets(args: argparse.Namespace) -> dict[str, tuple[Any, str]]:
     """name → (graph source, model name)."""
-    from datamodules.datasets import HPODomains, SyntheticGraphs, WordNetDomains
+    from lightning_dprel.datamodules.datasets import HPODomains, SyntheticGraphs, WordNetDomains
 
     if args.quick:
         return {"synthetic": (_Cached(SyntheticGraphs(kind="text", num_nodes=120, num_edges=300)), "tiny-bert")}
@@ -123,8 +123,8 @@ def run_one(
     """
     import pytorch_lightning as pl
 
-    from callbacks import PrivacyCallback
-    from datamodules import RelationalDataModule
+    from lightning_dprel.callbacks import PrivacyCallback
+    from lightning_dprel.datamodules import RelationalDataModule
     from lightning_dprel.encoders import TextEncoder
     from lightning_dprel.module import DPRelationalModule
 

@@ -51,8 +51,8 @@ def _setup_worker() -> None:
 
 
 def _datamodule(dataset: str, cfg: dict, seed: int):
-    from datamodules import RelationalDataModule
-    from datamodules.datasets import HPOLarge, WordNetLarge
+    from lightning_dprel.datamodules import RelationalDataModule
+    from lightning_dprel.datamodules.datasets import HPOLarge, WordNetLarge
     from lightning_dprel.transforms import EmbedText
 
     source = {"hpo_large": HPOLarge, "wordnet_large": WordNetLarge}[dataset]()
@@ -68,7 +68,7 @@ def run_one(job: dict) -> dict:
     _setup_worker()
     import pytorch_lightning as pl
 
-    from callbacks import PrivacyCallback, ValidationSelection
+    from lightning_dprel.callbacks import PrivacyCallback, ValidationSelection
     from lightning_dprel.encoders import ResidualAdapter
     from lightning_dprel.module import DPRelationalModule
 

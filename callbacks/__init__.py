@@ -1,6 +1,9 @@
-"""Lightning callbacks of lightning_dprel."""
+"""User-facing re-export of :mod:`lightning_dprel.callbacks` (the library itself never imports this package).
 
-from callbacks.privacy import ACCOUNTING_LABELS, PAPER_EQ3_WARNING, PrivacyCallback
-from callbacks.selection import ValidationSelection
+A project with its own top-level ``callbacks`` package shadows this one; import from
+``lightning_dprel`` (``from lightning_dprel import PrivacyCallback``) to be safe.
+"""
+
+from lightning_dprel.callbacks import ACCOUNTING_LABELS, PAPER_EQ3_WARNING, PrivacyCallback, ValidationSelection
 
 __all__ = ["PrivacyCallback", "ValidationSelection", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]

@@ -1,6 +1,10 @@
-"""Datamodules that turn graphs into the batches the entity-level privacy analysis assumes."""
+"""User-facing re-export of :mod:`lightning_dprel.datamodules` (the library itself never imports this package).
 
-from datamodules.datasets.base import GraphPair, GraphSource, PyGSource
-from datamodules.relational import RelationalDataModule
+A project with its own top-level ``datamodules`` package shadows this one; import from
+``lightning_dprel`` (``from lightning_dprel import RelationalDataModule``) to be safe.
+"""
 
-__all__ = ["GraphPair", "GraphSource", "PyGSource", "RelationalDataModule"]
+from lightning_dprel.datamodules import GraphPair, GraphSource, PyGSource, RelationalDataModule
+from lightning_dprel.datamodules import datasets
+
+__all__ = ["GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "datasets"]

@@ -21,6 +21,11 @@ _LAZY = {
     "KeyedStream": "lightning_dprel.randomness",
     "PrivacyLedger": "lightning_dprel.ledger",
     "Accountant": "lightning_dprel.accounting",
+    "PrivacyCallback": "lightning_dprel.callbacks",
+    "ValidationSelection": "lightning_dprel.callbacks",
+    "RelationalDataModule": "lightning_dprel.datamodules",
+    "GraphSource": "lightning_dprel.datamodules",
+    "GraphPair": "lightning_dprel.datamodules",
 }
 
 __all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", "RankingBatch", "TupleBatch", *_LAZY]

@@ -109,7 +109,7 @@ class DPRelCLI(LightningCLI):
         """ε, δ, steps, σ and accounting from the first callback that keeps an accountant (duck-typed)."""
         for cb in self.trainer.callbacks:
             if getattr(cb, "accountant", None) is not None and getattr(cb, "steps", 0) > 0:
-                from callbacks.privacy import ACCOUNTING_LABELS
+                from lightning_dprel.callbacks.privacy import ACCOUNTING_LABELS
 
                 return {
                     "epsilon": float(cb.epsilon),

@@ -11,8 +11,8 @@ import pytest
 import torch
 from ddp_helpers import gloo_group, run_script, spawn
 
-from datamodules import RelationalDataModule
-from datamodules.coupled_stream import SAMPLING_TAG
+from lightning_dprel.datamodules import RelationalDataModule
+from lightning_dprel.datamodules.coupled_stream import SAMPLING_TAG
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.randomness import KeyedStream
 from lightning_dprel.sampling import neg_sample_wor, poisson_positives
@@ -148,7 +148,7 @@ def test_trainer_checkpoint_of_a_secret_stream_holds_no_key(tmp_path):
 _DDP_SCRIPT = """
 import json, sys, torch
 import pytorch_lightning as pl
-from datamodules import RelationalDataModule
+from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 
 class Rec(pl.LightningModule):

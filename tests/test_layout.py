@@ -10,10 +10,11 @@ PACKAGES = ("lightning_dprel", "datamodules", "callbacks")
 # The training path: datamodule → batch → module → optimizer hook → ledger/callback (accounting math and
 # dataset parsers are not on it).
 TRAINING_PATH = [
-    "datamodules/relational.py", "datamodules/coupled_stream.py", "datamodules/graph_prep.py", "datamodules/rows.py",
+    "lightning_dprel/datamodules/relational.py", "lightning_dprel/datamodules/coupled_stream.py",
+    "lightning_dprel/datamodules/graph_prep.py", "lightning_dprel/datamodules/rows.py",
     "lightning_dprel/sampling.py", "lightning_dprel/batch.py", "lightning_dprel/per_tuple.py", "lightning_dprel/module.py",
     "lightning_dprel/clipping.py", "lightning_dprel/optim.py", "lightning_dprel/randomness.py", "lightning_dprel/ledger.py",
-    "lightning_dprel/budget.py", "callbacks/privacy.py", "callbacks/checks.py",
+    "lightning_dprel/budget.py", "lightning_dprel/callbacks/privacy.py", "lightning_dprel/callbacks/checks.py",
 ]
 MAX_LINES = 370  # "~350", with a docstring's worth of slack
 
@@ -68,5 +69,38 @@ def test_no_import_cycles():
     assert _cycles(graph) == []
 
 
+def test_the_library_never_imports_the_top_level_packages():
+    """``callbacks`` / ``datamodules`` are thin re-exports for users; a user project may have its own (issue 12)."""
+    graph = _module_graph()
+    offenders = {m: sorted(d for d in deps if d.split(".")[0] in ("callbacks", "datamodules"))
+                 for m, deps in graph.items() if m.startswith("lightning_dprel")}
+    assert not any(offenders.values()), offenders
+    for top in ("callbacks", "datamodules"):
+        lines = (ROOT / top / "__init__.py").read_text().count("\n")
+        assert lines < 15  # re-exports only
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_a_user_project_with_its_own_callbacks_and_datamodules_packages(tmp_path):
+    import subprocess
+    import sys
+
+    for name in ("callbacks", "datamodules"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"MINE = {name!r}\n")
+    code = (
+        "import callbacks, datamodules\n"
+        "assert callbacks.MINE == 'callbacks' and datamodules.MINE == 'datamodules'  # the user's own packages win\n"
+        "from lightning_dprel import PrivacyCallback, RelationalDataModule, ValidationSelection\n"
+        "import lightning_dprel.cli, lightning_dprel.datamodules.datasets\n"
+        "print(PrivacyCallback.__module__, RelationalDataModule.__module__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["lightning_dprel.callbacks.privacy", "lightning_dprel.datamodules.relational"]
+    cli = subprocess.run([sys.executable, "-m", "lightning_dprel", "fit", "--config", str(Path(ROOT) / "configs" / "tiny.yaml"),
+                          "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "lightning_dprel.callbacks.PrivacyCallback" in cli.stdout, cli.stderr[-2000:]

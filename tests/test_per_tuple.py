@@ -138,7 +138,7 @@ def _text_datamodule(path, long_text):
 
     from torch_geometric.data import Data
 
-    from datamodules import RelationalDataModule
+    from lightning_dprel.datamodules import RelationalDataModule
 
     texts = [" ".join(WORDS[(7 * i + j) % len(WORDS)] for j in range(1 + i % 3)) for i in range(24)]
     texts[11] = long_text
@@ -157,7 +157,7 @@ def test_tuple_gradients_do_not_depend_on_the_other_tuples_text_lengths(tiny_ber
     The datamodule pads every training batch to the fixed ``max_length``; trimming to the batch's longest text
     changed the other tuples' float32 gradients by ~1e-7 relative (a different attention width and reduction).
     """
-    from datamodules.rows import gather_rows
+    from lightning_dprel.datamodules.rows import gather_rows
 
     dm = _text_datamodule(tiny_bert, " ".join(WORDS[:14]))
     assert int(dm.train_inputs["attention_mask"][11].sum()) == 16 and int(dm.train_inputs["attention_mask"].sum(1).min()) == 3

@@ -19,7 +19,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers.logger import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import PAPER_EQ3_WARNING, PrivacyCallback
+from lightning_dprel.callbacks import PAPER_EQ3_WARNING, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
 from lightning_dprel.ledger import PrivacyLedger, StepRecord
 from lightning_dprel.specs import NoiseSpec, SamplingSpec
@@ -513,7 +513,7 @@ def test_summary_line(mech, label):
 
 # ---------------------------------------------------------------------- our module + datamodule, plain Lightning
 def real_pair(*, sigma=1.0, calibrate_sigma=None):
-    from datamodules.relational import RelationalDataModule
+    from lightning_dprel.datamodules.relational import RelationalDataModule
     from lightning_dprel.demos import random_feature_graph
     from lightning_dprel.encoders import MLPEncoder
     from lightning_dprel.module import DPRelationalModule

@@ -28,7 +28,7 @@ from test_privacy_callback import (  # noqa: E402
     real_pair,
 )
 
-from callbacks import PrivacyCallback  # noqa: E402
+from lightning_dprel.callbacks import PrivacyCallback  # noqa: E402
 
 SPEC = make_spec(n=3000, m=6000, K=4, gamma=0.02, k=3, steps_per_epoch=6)
 SIGMA, MECH = 1.1, "freq_corrected"

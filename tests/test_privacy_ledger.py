@@ -12,8 +12,8 @@ import pytest
 import torch
 from pytorch_lightning import Callback, Trainer
 
-from callbacks import PrivacyCallback
-from datamodules import RelationalDataModule
+from lightning_dprel.callbacks import PrivacyCallback
+from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.accounting import Accountant, get_mechanism, per_step_rdp, register_mechanism
 from lightning_dprel.budget import PrivacyBudget
 from lightning_dprel.demos import random_feature_graph

@@ -11,7 +11,7 @@ from lightning_fabric.utilities.data import has_iterable_dataset
 from torch_geometric.data import Data
 from torch_geometric.datasets import FakeDataset, StochasticBlockModelDataset
 
-from datamodules import GraphPair, GraphSource, PyGSource, RelationalDataModule
+from lightning_dprel.datamodules import GraphPair, GraphSource, PyGSource, RelationalDataModule
 from lightning_dprel.batch import RankingBatch, TupleBatch
 from lightning_dprel.demos import random_feature_graph, random_text_graph, save_tiny_bert
 from lightning_dprel.sampling import cap_degree, max_freq, to_simple_undirected
@@ -242,7 +242,7 @@ def test_ddp_slices_union_is_the_single_process_batch():
 _DDP_SCRIPT = """
 import json, sys, torch
 import pytorch_lightning as pl
-from datamodules import RelationalDataModule
+from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 
 class Rec(pl.LightningModule):

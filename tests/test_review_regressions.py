@@ -85,7 +85,7 @@ def test_accountant_refuses_tiny_noise_multiplier_quickly() -> None:
 
 def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
     """δ = 1/m (the paper's default) can exceed 1/n for an entity-level unit; the callback says so."""
-    from callbacks import PrivacyCallback
+    from lightning_dprel.callbacks import PrivacyCallback
     from lightning_dprel.specs import SamplingSpec
 
     few_edges = SamplingSpec(num_nodes=1000, num_edges=500, max_degree=3, sampling_rate=0.02, neg_per_pos=2,

@@ -18,8 +18,8 @@ from pytorch_lightning import Callback, Trainer
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
-from datamodules import RelationalDataModule
-from datamodules.relational import held_out_mask
+from lightning_dprel.datamodules import RelationalDataModule
+from lightning_dprel.datamodules.relational import held_out_mask
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.module import DPRelationalModule

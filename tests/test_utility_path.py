@@ -8,9 +8,9 @@ import torch
 from pytorch_lightning import Trainer
 from torch_geometric.data import Data
 
-from callbacks import PrivacyCallback, ValidationSelection
-from datamodules import RelationalDataModule
-from datamodules.datasets import GraphPair, GraphSource
+from lightning_dprel.callbacks import PrivacyCallback, ValidationSelection
+from lightning_dprel.datamodules import RelationalDataModule
+from lightning_dprel.datamodules.datasets import GraphPair, GraphSource
 from lightning_dprel.demos import random_feature_graph, random_text_graph
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter
 from lightning_dprel.module import DPRelationalModule

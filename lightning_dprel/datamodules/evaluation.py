@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from datamodules.rows import gather_rows, one_thread, slice_rows
+from lightning_dprel.datamodules.rows import gather_rows, one_thread, slice_rows
 from lightning_dprel.batch import RankingBatch
 from lightning_dprel.ranking import sample_eval_candidates
 from lightning_dprel.sampling import sample_without_replacement

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from datamodules.graph_prep import check_int
-from datamodules.rows import gather_rows, one_thread, slice_rows
+from lightning_dprel.datamodules.graph_prep import check_int
+from lightning_dprel.datamodules.rows import gather_rows, one_thread, slice_rows
 from lightning_dprel.batch import TupleBatch
 from lightning_dprel.randomness import KeyedStream
 from lightning_dprel.sampling import max_freq, neg_sample_wor, poisson_positives

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-from datamodules.datasets.base import GraphPair, GraphSource
+from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 
 __all__ = ["NOUN_LEXNAMES", "DEFAULT_WORDNET_DIR", "parse_wordnet_nouns", "load_wordnet_domain", "WordNetDomains", "WordNetLarge"]
 

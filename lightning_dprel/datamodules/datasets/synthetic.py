@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datamodules.datasets.base import GraphPair, GraphSource
+from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 from lightning_dprel.demos import random_feature_graph, random_text_graph
 
 __all__ = ["SyntheticGraphs"]

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
-from datamodules.coupled_stream import (
+from lightning_dprel.datamodules.coupled_stream import (
     STATE_VERSION,
     CoupledStream,
     StatefulLoader,
@@ -31,10 +31,10 @@ from datamodules.coupled_stream import (
     make_spec,
     sampling_randomness,
 )
-from datamodules.datasets.base import GraphSource
-from datamodules.evaluation import EvalSet, RankingStream
-from datamodules.graph_prep import check_int, derive_seed, held_out_mask, prepare
-from datamodules.rows import slice_rows
+from lightning_dprel.datamodules.datasets.base import GraphSource
+from lightning_dprel.datamodules.evaluation import EvalSet, RankingStream
+from lightning_dprel.datamodules.graph_prep import check_int, derive_seed, held_out_mask, prepare
+from lightning_dprel.datamodules.rows import slice_rows
 from lightning_dprel.batch import TupleBatch
 from lightning_dprel.randomness import distributed
 from lightning_dprel.sampling import CAPPING_POLICIES

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-from datamodules.datasets.base import GraphPair, GraphSource
+from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 
 __all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "HPOLarge", "default_obo_path"]
 

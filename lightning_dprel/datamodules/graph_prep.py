@@ -17,8 +17,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
-from datamodules.datasets.base import GraphSource
-from datamodules.evaluation import EvalSet, eval_queries
+from lightning_dprel.datamodules.datasets.base import GraphSource
+from lightning_dprel.datamodules.evaluation import EvalSet, eval_queries
 from lightning_dprel.sampling import cap_degree, edge_priority, to_simple_undirected
 
 __all__ = [

@@ -30,7 +30,7 @@ from lightning_dprel.budget import PrivacyBudget
 from lightning_dprel.ledger import PrivacyLedger
 from lightning_dprel.specs import NoiseSpec, SamplingSpec
 
-from callbacks.checks import ACCOUNTING_LABELS, check_private, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
+from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_private, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -85,7 +85,7 @@ class PrivacyCallback(Callback):
 
     Example::
 
-        >>> from callbacks import PrivacyCallback
+        >>> from lightning_dprel.callbacks import PrivacyCallback
         >>> cb = PrivacyCallback(target_epsilon=4.0, delta=1e-5)
         >>> cb.target_epsilon, cb.delta, cb.epsilon
         (4.0, 1e-05, 0.0)

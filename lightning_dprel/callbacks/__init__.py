@@ -1,0 +1,6 @@
+"""Lightning callbacks of lightning_dprel."""
+
+from lightning_dprel.callbacks.privacy import ACCOUNTING_LABELS, PAPER_EQ3_WARNING, PrivacyCallback
+from lightning_dprel.callbacks.selection import ValidationSelection
+
+__all__ = ["PrivacyCallback", "ValidationSelection", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
