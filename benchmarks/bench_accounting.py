@@ -2,9 +2,10 @@
 
 n = 10⁶, m = 5·10⁶, K = 5, γ = 10⁻⁵, σ = 0.5, k = 4, δ = 1/m, T = 10⁵, over the full order grid
 (158 orders). Prints cold wall times (no cache) against the issue's targets, the σ calibration for ε = 4,
-the per-step cost of the live accountant, and the ε table at T = 10³, 10⁴, 10⁵.
+the per-step cost of the live accountant, and the ε table at T = 10³, 10⁴, 10⁵. Then (issue 12) the cold cost of
+one per-step evaluation against the degree cap K = 5 … 10⁶, on a small graph and at the Section 5.1 defaults.
 
-    python benchmarks/bench_accounting.py [--repeats 3]
+    python benchmarks/bench_accounting.py [--repeats 3] [--skip-k-sweep]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _best_time(fn, repeats):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-k-sweep", action="store_true")
     args = parser.parse_args()
     print(f"Section 5.1 defaults: n={N:g} m={M:g} K={K} gamma={GAMMA:g} sigma={SIGMA} k={KNEG} delta=1/m, "
           f"{DEFAULT_ORDERS.size} orders")
@@ -86,6 +88,40 @@ def main() -> None:
             eps, order = rdp_to_epsilon(DEFAULT_ORDERS, steps * mech_mod.per_step_rdp(mech, SPEC, SIGMA), DELTA)
             cells.append(f"{eps:.4g} (a={order:g})")
         print(f"{steps:>8}" + "".join(f"{c:>30}" for c in cells))
+    if not args.skip_k_sweep:
+        print()
+        k_sweep(args.repeats)
+
+
+#: (label, n, m, γ, σ, k) of the K sweep: a Cora-sized graph, and the Section 5.1 defaults.
+K_SWEEP_SETTINGS = (
+    ("small graph n=2708 m=5000 gamma=0.01 sigma=1 k=1", 2708, 5000, 0.01, 1.0, 1),
+    ("Section 5.1 n=1e6 m=5e6 gamma=1e-5 sigma=0.5 k=4", N, M, GAMMA, SIGMA, KNEG),
+)
+
+
+def k_sweep(repeats: int, ks: tuple[int, ...] = (5, 16, 32, 50, 500, 10**6)) -> None:
+    """Cold per-step RDP (no cache) against K: rows above HEAD_ROWS are bounded in closed form (issue 12)."""
+    from lightning_dprel.accounting.analysis.coupled_rdp import HEAD_ROWS
+
+    print(f"cold per-step RDP against K (rows i <= {HEAD_ROWS} by quadrature, the rest in closed form), "
+          f"best of {repeats}; epsilon after 1000 steps at delta = 1/m")
+    for label, n, m, gamma, sigma, k in K_SWEEP_SETTINGS:
+        print(f"  {label}")
+        for mech in ("freq_corrected", "standard"):
+            cells = []
+            for K in ks:
+                spec = SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
+                                    expected_batch_size=gamma * m, steps_per_epoch=math.ceil(1 / gamma))
+
+                def cold(spec=spec, mech=mech, sigma=sigma):
+                    mech_mod._cached_rdp.cache_clear()
+                    return mech_mod.per_step_rdp(mech, spec, sigma)
+
+                t, rdp = _best_time(cold, repeats)
+                eps = rdp_to_epsilon(DEFAULT_ORDERS, 1000 * rdp, 1.0 / m)[0]
+                cells.append(f"K={K:g}: {t:.2f}s eps={eps:.3g}")
+            print(f"    {mech:<15}" + "  ".join(cells))
 
 
 if __name__ == "__main__":

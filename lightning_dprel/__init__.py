@@ -1,6 +1,7 @@
 """lightning_dprel: entity-level differentially private relational learning with Lightning and PyG.
 
-Light at import: the specs and batch records load eagerly; the module, encoders and CLI load on first use.
+Light at import: only the specs load eagerly (no torch: the accounting CLI must not pay for it); everything
+else — batch records, module, encoders, callbacks, datamodules — loads on first use.
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning_dprel.batch import RankingBatch, TupleBatch
 from lightning_dprel.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "TupleBatch": "lightning_dprel.batch",
+    "RankingBatch": "lightning_dprel.batch",
     "DPRelationalModule": "lightning_dprel.module",
     "TextEncoder": "lightning_dprel.encoders",
     "MLPEncoder": "lightning_dprel.encoders",
@@ -26,9 +28,10 @@ _LAZY = {
     "RelationalDataModule": "lightning_dprel.datamodules",
     "GraphSource": "lightning_dprel.datamodules",
     "GraphPair": "lightning_dprel.datamodules",
+    "export_model": "lightning_dprel.export",
 }
 
-__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", "RankingBatch", "TupleBatch", *_LAZY]
+__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

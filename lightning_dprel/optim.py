@@ -24,6 +24,7 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class _Pending:
 
     pending: dict[str, Any] | None = None
     last: dict[str, float] = field(default_factory=dict)
+    dropped_total: int = 0
 
 
 class DPOptimizer(Optimizer):
@@ -231,6 +233,17 @@ class DPOptimizer(Optimizer):
             "mean_norm": float(norms.mean()) if norms.numel() else 0.0,
         }
         factors = factors_from_norms(norms, self.clipping, clip_norm=self.clip_norm, max_freq=max_freq)
+        dropped = int((~torch.isfinite(norms)).sum()) if self.clipping != "none" else 0
+        self._state.last["dropped"] = float(dropped)
+        if dropped:
+            self._state.dropped_total += dropped
+            warnings.warn(
+                f"DPOptimizer: {dropped} of {norms.numel()} tuples in this step had non-finite gradients and were "
+                f"dropped (clip factor 0; {self._state.dropped_total} so far). The guarantee still holds (0 is within "
+                "every clip bound), but the model is diverging or its inputs are broken: lower the learning rate or "
+                "check the features. (This count is computed from the private batch: do not release it.)",
+                UserWarning, stacklevel=3,
+            )
         self._state.last["clipped_fraction"] = float((factors < 1).float().mean()) if factors.numel() else 0.0
         if self.diagnostics:
             self._state.last.update(norm_stats(norms, factors))

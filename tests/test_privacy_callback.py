@@ -295,7 +295,7 @@ def test_state_dict_is_plain_and_rejects_another_mechanism():
     make_trainer(callback, max_steps=2).fit(module_for("standard", sigma), datamodule=SpecDataModule(spec))
     state = callback.state_dict()
     assert state["mechanism"] == "standard" and "steps_seen" not in state  # what was spent is the module's ledger
-    assert all(isinstance(state[key], (int, float, str, type(None), dict)) for key in state)
+    assert all(isinstance(state[key], (int, float, str, type(None), dict, list)) for key in state)
     with pytest.raises(ValueError, match="mechanism='standard'"):
         PrivacyCallback(mechanism="freq_corrected").load_state_dict(state)
     with pytest.raises(ValueError, match="empty state"):

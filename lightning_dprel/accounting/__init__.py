@@ -1,12 +1,14 @@
 """Entity-level privacy accounting for Algorithm 3 (Eq. 3, Theorem C.1, Theorem D.1 of the paper).
 
 Pure mathematics (``analysis/``, ``profiles``, ``conversion``) is apart from bookkeeping (``Accountant``);
-``mechanisms`` maps names to per-step RDP functions. Privacy unit: :data:`lightning_dprel.specs.PRIVACY_UNIT`.
+``mechanisms`` maps names to per-step RDP functions; ``curves`` gives ε over time as data (and a plot).
+Privacy unit: :data:`lightning_dprel.specs.PRIVACY_UNIT`.
 """
 
 from lightning_dprel.accounting.accountant import Accountant
 from lightning_dprel.accounting.calibration import epsilon_for, max_steps_for, noise_multiplier_for
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
+from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import (
     MECHANISMS,
     Mechanism,
@@ -23,6 +25,7 @@ __all__ = [
     "MECHANISMS",
     "Accountant",
     "Mechanism",
+    "epsilon_curve",
     "epsilon_for",
     "freq_corrected_profile",
     "get_mechanism",
@@ -30,6 +33,7 @@ __all__ = [
     "noise_multiplier_for",
     "paper_profile",
     "per_step_rdp",
+    "plot_epsilon_curve",
     "rdp_to_epsilon",
     "register_mechanism",
     "registered_mechanisms",

@@ -5,7 +5,8 @@
         [--accounting {corrected,paper}] [--json] [--plot PATH.png]
     python -m lightning_dprel.accounting noise-multiplier … --target-epsilon E [--json] [--plot PATH.png]
 
-``--delta`` defaults to 1/M (the paper's δ = 1/|E_train|); ``--accounting`` applies to ``freq`` only.
+``--delta`` defaults to 1/M (the paper's δ = 1/|E_train|); ``--accounting`` applies to ``freq`` only. A δ that is
+not below 1/N is warned about (as the privacy callback does). Imports numpy and scipy only (no torch).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from typing import Sequence
 
 import numpy as np
 
 from lightning_dprel.accounting.calibration import epsilon_for, noise_multiplier_for
-from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms import get_mechanism, per_step_rdp
-from lightning_dprel.accounting.orders import DEFAULT_ORDERS
+from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
+from lightning_dprel.accounting.mechanisms import get_mechanism
 from lightning_dprel.specs import SamplingSpec
 
-__all__ = ["main", "build_parser", "mechanism_name", "epsilon_curve", "plot_comparison"]
+__all__ = ["main", "build_parser", "mechanism_name", "epsilon_curve", "plot_comparison", "warn_delta"]
 
 #: Curves of the comparison plot: (mechanism, label).
 PLOT_CURVES = (
@@ -77,12 +78,16 @@ def _sampling(args: argparse.Namespace) -> SamplingSpec:
     )
 
 
-def epsilon_curve(
-    mechanism: str, sampling: SamplingSpec, noise_multiplier: float, delta: float, steps: Sequence[int]
-) -> np.ndarray:
-    """ε after each T in ``steps`` (one per-step RDP evaluation, linear composition)."""
-    rdp = per_step_rdp(mechanism, sampling, noise_multiplier)
-    return np.array([rdp_to_epsilon(DEFAULT_ORDERS, t * rdp, delta)[0] for t in steps])
+def warn_delta(delta: float, num_nodes: int) -> None:
+    """Warn (UserWarning) when δ ≥ 1/n: the privacy unit is an entity, so such a δ allows releasing one outright."""
+    if 0.0 < delta < 1.0 and delta >= 1.0 / num_nodes:
+        warnings.warn(
+            f"δ = {delta:.3g} is not below 1/n = {1.0 / num_nodes:.3g} (n = {num_nodes} entities). The privacy "
+            "unit is an entity, so a δ ≥ 1/n allows releasing one entity outright; pass a smaller `--delta` "
+            "(e.g. 1/(10·n)) for a meaningful guarantee.",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def plot_comparison(
@@ -100,18 +105,12 @@ def plot_comparison(
     for mech, label in PLOT_CURVES:
         eps = epsilon_curve(mech, sampling, noise_multiplier, delta, ts)
         curves[mech] = eps.tolist()
-        ax.plot(ts, eps, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("steps T")
-    ax.set_ylabel(f"ε (δ = {delta:.2g})")
+        plot_epsilon_curve(ts, eps, ax=ax, label=label, delta=delta)
     ax.set_title(
         f"n={sampling.num_nodes:g}, m={sampling.num_edges:g}, K={sampling.max_degree}, "
         f"γ={sampling.sampling_rate:g}, k={sampling.neg_per_pos}, σ={noise_multiplier:g}",
         fontsize=9,
     )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -124,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sampling = _sampling(args)
         delta = args.delta if args.delta is not None else 1.0 / args.edges
+        warn_delta(delta, args.nodes)
         mech = mechanism_name(args.clipping, args.accounting)
         if args.command == "epsilon":
             sigma = args.noise_multiplier

@@ -14,6 +14,10 @@ Built-in mechanisms (entity-level unless stated):
 * ``naive`` — the unamplified Gaussian bound α/(2σ²) of the paper's Figure 2.
 * ``poisson_gaussian`` — per-**example** Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019); its
   privacy unit is one example, not one entity (the K = 1, k = 0 case of the coupled mechanism).
+
+The coupled mechanisms (``freq_corrected``, ``standard``) charge K' = min(K, n) (:func:`accounted_degree`
+proves it covers the same neighbouring graphs) and refuse K' > 2²²; their cost stops growing with K above
+:data:`~lightning_dprel.accounting.analysis.coupled_rdp.HEAD_ROWS` (closed-form tail bound).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ __all__ = [
     "check_noise_multiplier",
     "check_step_count",
     "check_sampling",
+    "accounted_degree",
+    "MAX_ACCOUNTED_DEGREE",
 ]
 
 #: (sampling, noise_multiplier, orders) → per-step RDP at those orders.
@@ -274,9 +280,41 @@ def _spec_kwargs(sampling: SamplingSpec, sigma: float) -> dict:
     )
 
 
+#: Largest degree bound the coupled mechanisms evaluate (their profiles are arrays of K + 1 rows).
+MAX_ACCOUNTED_DEGREE = 2**22
+
+
+def accounted_degree(sampling: SamplingSpec) -> int:
+    """The degree bound the coupled mechanisms charge: K' = min(K, n), or a ``ValueError`` above 2²².
+
+    Why min(K, n) is not an under-statement: K enters Theorem C.1 only as a bound on the number of relations
+    (capped edges) of the entity that is added or removed — the clipping, the Poisson rate γ and the negative
+    sampling do not depend on K. Relations are simple and undirected (no self-loops, no repeats; see
+    :func:`~lightning_dprel.sampling.to_simple_undirected`), so in a graph of n nodes an entity has at most
+    n − 1 of them, and an entity *added* to it (a graph of n + 1 nodes) at most n. Every pair of neighbouring
+    datasets the guarantee quantifies over therefore differs by an entity with ≤ min(K, n) relations, and the
+    theorem with K' = min(K, n) covers exactly the same pairs as with K. (The *observed* maximum degree is no
+    such bound: an added entity may bring up to K relations, so it is never used.)
+    """
+    k_eff = min(sampling.max_degree, sampling.num_nodes)
+    if k_eff > MAX_ACCOUNTED_DEGREE:
+        raise ValueError(
+            f"`max_degree` K = {sampling.max_degree:,} (with n = {sampling.num_nodes:,} nodes, min(K, n) = {k_eff:,}) "
+            f"is above the {MAX_ACCOUNTED_DEGREE:,} the coupled accountant evaluates; its ε grows like K² (one "
+            "entity with K sampled relations moves the sum by ~K·C), so such a cap gives no useful guarantee. "
+            "Lower max_degree to about the graph's largest degree (the paper uses K = 5)."
+        )
+    return k_eff
+
+
+def _coupled_kwargs(sampling: SamplingSpec, sigma: float) -> dict:
+    return {**_spec_kwargs(sampling, sigma), "max_degree": accounted_degree(sampling)}
+
+
 def _freq_corrected(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
-    prof = freq_corrected_profile(sampling.max_degree, sampling.neg_per_pos)
-    return coupled_rdp(prof, orders=orders, **_spec_kwargs(sampling, sigma))
+    kw = _coupled_kwargs(sampling, sigma)
+    prof = freq_corrected_profile(kw["max_degree"], sampling.neg_per_pos)
+    return coupled_rdp(prof, orders=orders, **kw)
 
 
 def _freq_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
@@ -284,8 +322,9 @@ def _freq_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.
 
 
 def _standard(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
-    prof = standard_profile(sampling.max_degree, sampling.neg_per_pos)
-    return coupled_rdp(prof, orders=orders, **_spec_kwargs(sampling, sigma))
+    kw = _coupled_kwargs(sampling, sigma)
+    prof = standard_profile(kw["max_degree"], sampling.neg_per_pos)
+    return coupled_rdp(prof, orders=orders, **kw)
 
 
 def _naive(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:

@@ -1,17 +1,11 @@
 r"""Privacy callback: live entity-level ε, a halt before the budget, σ calibration (Algorithm 3).
 
-The callback keeps only facts, calibration, charging, logging and stopping. What a model has spent lives in
-its :class:`~lightning_dprel.ledger.PrivacyLedger` (``pl_module.privacy_ledger``), charged by the
-optimizer's step records and saved with the model, so a second fit, a resume or a new callback continue
-from it. *How the data is sampled* comes from ``trainer.datamodule.sampling_spec`` (or an explicit
-``sampling_spec``), *how the module clips and noises* from ``pl_module.noise_spec``; whether the next
-step fits is :class:`~lightning_dprel.budget.PrivacyBudget`'s pure decision.
+Keeps only facts, calibration, logging and stopping: what a model spent is its ``privacy_ledger``; how data is
+sampled comes from the datamodule's ``sampling_spec``, how the module noises from its ``noise_spec``.
 
 References:
-    Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
-    Guarantees. Algorithm 3 (training loop), Eq. 3 (FREQ-CLIP accounting), Theorem C.1 (standard
-    clipping), Theorem D.1 (RDP → (ε, δ)). The corrected FREQ-CLIP profile is the project's
-    (``shared/spec/entity_dp_relational.md``): Proposition 4.1 does not hold as stated.
+    Huang et al., Differentially Private Relational Learning with Entity-level Privacy Guarantees: Algorithm 3,
+    Eq. 3, Theorems C.1 and D.1; the corrected FREQ-CLIP profile is the project's (Proposition 4.1 does not hold).
 """
 
 from __future__ import annotations
@@ -78,6 +72,8 @@ class PrivacyCallback(Callback):
         noise_multiplier: the σ of the last recorded step (or the calibrated σ).
         stopped_step: the private step count at which the budget stopped training, else ``None``.
         summary: the end-of-fit one-line summary.
+        history: ``(private steps, ε)`` after every step of this callback's fits (saved in its state); the
+            ε curve of any plan is :func:`lightning_dprel.accounting.epsilon_curve`.
 
     Raises:
         ValueError / TypeError: bad arguments; at fit start, missing or contradictory facts, trainer settings
@@ -137,6 +133,7 @@ class PrivacyCallback(Callback):
         self.noise_multiplier: Optional[float] = None
         self.stopped_step: Optional[int] = None
         self.summary: Optional[str] = None
+        self.history: list[tuple[int, float]] = []  # (private steps in the ledger, ε) after every step
         self._calibrated_sigma: Optional[float] = None
         self._sampling: Optional[SamplingSpec] = None
         self._ledger: Optional[PrivacyLedger] = None
@@ -211,9 +208,11 @@ class PrivacyCallback(Callback):
         self._lookahead = new_steps
         self.noise_multiplier = self._ledger.last_noise_multiplier
         epsilon = self.epsilon
-        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
-        # δ goes to the loggers only: the progress bar rounds to 3 decimals and would show δ = 1e-5 as 0.000
-        pl_module.log("delta", self.delta, prog_bar=False, on_step=True, on_epoch=False, batch_size=1)
+        self.history.append((steps, epsilon))
+        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
+        # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
+        for logger in trainer.loggers:
+            logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
         if self.target_epsilon is None:
             return
         if epsilon > self.target_epsilon:  # only reachable if something overrode our stop
@@ -243,6 +242,7 @@ class PrivacyCallback(Callback):
             "target_epsilon": self.target_epsilon,
             "noise_multiplier": self._calibrated_sigma,
             "stopped_step": self.stopped_step,
+            "history": [[int(t), float(e)] for t, e in self.history],
         }
 
     @override
@@ -270,6 +270,7 @@ class PrivacyCallback(Callback):
         self.mechanism = self.mechanism or saved
         self._calibrated_sigma = state_dict["noise_multiplier"]
         self.stopped_step = state_dict.get("stopped_step")
+        self.history = [(int(t), float(e)) for t, e in state_dict.get("history", [])]
 
     # ------------------------------------------------------------------ fit-start steps
     def _budget(self) -> PrivacyBudget:

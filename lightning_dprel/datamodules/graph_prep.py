@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
@@ -32,7 +33,13 @@ __all__ = [
     "count_nodes",
     "oriented_relations",
     "node_inputs",
+    "check_finite_features",
+    "report_capping",
+    "FAR_ABOVE_FACTOR",
 ]
+
+#: Warn when the degree cap K is more than this many times the largest degree of the training relations.
+FAR_ABOVE_FACTOR = 4
 
 
 def derive_seed(seed: int, *tags: Any) -> int:
@@ -154,7 +161,51 @@ def node_inputs(data: Data, num_nodes: int, tokenizer: Any, max_length: int, nam
         x = x[:, None]
     if x.shape[0] != num_nodes:
         raise ValueError(f"`{name}.x` has {x.shape[0]} rows but the graph has {num_nodes} nodes.")
-    return {"x": x.float()}
+    x = x.float()
+    check_finite_features(x, name)
+    return {"x": x}
+
+
+def check_finite_features(x: Tensor, name: str) -> None:
+    """Raise a ``ValueError`` naming how many nodes have a NaN or ±inf feature (after the cast to float32).
+
+    A non-finite input makes every per-tuple gradient that touches the node NaN/inf; clipping cannot repair
+    that, and one such tuple poisons the noisy sum of the whole step.
+    """
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
+    count = int(bad.sum())
+    if count:
+        first = bad.nonzero().flatten()[:5].tolist()
+        raise ValueError(
+            f"`{name}.x` has non-finite features (NaN or ±inf, after conversion to float32) in {count:,} of "
+            f"{x.shape[0]:,} nodes (first: {first}). Clean them before building the datamodule, e.g. "
+            "`data.x = torch.nan_to_num(data.x, nan=0.0, posinf=0.0, neginf=0.0)` or impute the missing values "
+            "(and rescale values beyond the float32 range)."
+        )
+
+
+def report_capping(simple: Tensor, capped: Tensor, num_nodes: int, max_degree: int) -> None:
+    """Warn when K is far above the largest degree of the training relations; log what capping dropped.
+
+    Both are facts about the private graph shown to the person running the job (as are the dataset sizes it
+    already sees); choose K from public knowledge, not from them.
+    """
+    total, kept = int(simple.shape[1]), int(capped.shape[1])
+    largest = int(torch.bincount(simple.flatten(), minlength=num_nodes).max()) if total else 0
+    if max_degree > FAR_ABOVE_FACTOR * max(largest, 1):
+        rank_zero_warn(
+            f"max_degree K = {max_degree:,} is far above the largest degree of the training relations "
+            f"({largest:,}): ε is charged for an entity with up to K relations (its sensitivity grows with K, and "
+            "the accountant's cost with it), though no node here has more than "
+            f"{largest:,}. A K near the degrees you expect (the paper uses K = 5) gives a much smaller ε for "
+            "the same training; K is a public bound, so choose it without tuning it on this graph.",
+            category=UserWarning,
+        )
+    dropped = total - kept
+    rank_zero_info(
+        f"capping to K={max_degree:,} dropped {dropped:,} of {total:,} relations "
+        f"({100.0 * dropped / max(total, 1):.0f} %); {kept:,} remain for training."
+    )
 
 
 @dataclass
@@ -220,9 +271,9 @@ def prepare(
         test_n = count_nodes(test, "test_source")
         test_inputs = node_inputs(test, test_n, tok, max_length, "test_source")
         test_edges = _eval_relations(test, test_n, "test_source", "test")
-    capped = cap_degree(
-        to_simple_undirected(oriented, n), n, max_degree, policy=capping, generator=public_generator(seed, "cap")
-    )
+    simple = to_simple_undirected(oriented, n)
+    capped = cap_degree(simple, n, max_degree, policy=capping, generator=public_generator(seed, "cap"))
+    report_capping(simple, capped, n, max_degree)
     if directed:  # back to the data's orientation: (a, b) if a → b was given, else (b, a)
         a, b = capped
         forward = torch.isin(a * n + b, oriented[0] * n + oriented[1])

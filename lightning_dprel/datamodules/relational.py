@@ -36,6 +36,7 @@ from lightning_dprel.datamodules.evaluation import EvalSet, RankingStream
 from lightning_dprel.datamodules.graph_prep import check_int, derive_seed, held_out_mask, prepare
 from lightning_dprel.datamodules.rows import slice_rows
 from lightning_dprel.batch import TupleBatch
+from lightning_dprel.encoders import resolve_tokenizer
 from lightning_dprel.randomness import distributed
 from lightning_dprel.sampling import CAPPING_POLICIES
 from lightning_dprel.specs import SamplingSpec
@@ -102,7 +103,9 @@ class RelationalDataModule(LightningDataModule):
         expected_batch_size: b > 0, at most m; γ = b/m.
         neg_per_pos: k ≥ 0 negatives per positive.
         tokenizer: a model name or path resolved by :func:`lightning_dprel.demos.resolve_pretrained` and loaded
-            with ``AutoTokenizer``; nodes use ``data.text``. None: nodes use dense ``data.x``.
+            with ``AutoTokenizer``; nodes use ``data.text``. None (default): the text encoder's own tokenizer when the
+            trainer's module has one (``module.encoder.tokenizer_name``), else dense ``data.x``. A tokenizer that does
+            not match the module's encoder is refused in :meth:`setup` (:meth:`match_encoder`).
         max_length: token length of the cached node texts; training batches are padded to it (evaluation
             batches are trimmed to their longest text).
         test_fraction: share of relations held out when there is no test graph, in (0, 1).
@@ -226,6 +229,7 @@ class RelationalDataModule(LightningDataModule):
         Under ``torch.distributed`` it also keys the secret stream with rank 0's key (every rank runs setup).
         """
         self._share_key()
+        self.match_encoder(getattr(self.trainer.lightning_module, "encoder", None) if self.trainer is not None else None)
         if self._spec is not None:
             return
         g = prepare(
@@ -248,6 +252,11 @@ class RelationalDataModule(LightningDataModule):
             self.stream.load_state_dict(self._pending_state)
             self._pending_state = None
         self._spec = spec
+
+    def match_encoder(self, encoder: Any) -> None:
+        """Take a text encoder's own tokenizer when ``tokenizer`` is None; refuse one that cannot feed ``encoder``
+        (:func:`~lightning_dprel.encoders.resolve_tokenizer`). Called by :meth:`setup` and by the CLI."""
+        self.tokenizer = resolve_tokenizer(self.tokenizer, encoder)
 
     def _share_key(self) -> None:
         """Key the secret stream now with rank 0's key, replacing one this rank drew alone before DDP started."""

@@ -1,0 +1,206 @@
+"""Using a trained model: embed new texts as training did, report its privacy, export it without its secrets.
+
+:func:`export_model` writes a folder that is all a user of the trained model needs, and nothing that could
+regenerate the training noise or the sampled batches:
+
+* ``weights.safetensors``: the trained (trainable) parameters of the encoder: the adapter, the LoRA matrices, or
+  every weight under full fine-tuning. Frozen parts are public (a pretrained model, a fixed seeded init) and are
+  rebuilt from ``model.json``.
+* ``peft_adapter/`` (LoRA text encoders): the same LoRA weights as a PEFT adapter (``PeftModel.from_pretrained``).
+* ``model.json``: the encoder's spec (``class_path`` + ``init_args``), the scoring hyper-parameters, the noise spec
+  and how node inputs were made from texts (tokenizer, ``max_length``, frozen :class:`~lightning_dprel.transforms.EmbedText`).
+* ``privacy.json``: ε at δ, steps, σ, C, clipping and accounting, from the model's privacy ledger.
+* ``ledger.json``: the ledger itself (:meth:`~lightning_dprel.ledger.PrivacyLedger.state_dict`).
+
+Never written: the noise stream's or the sampler's key, seed or position, optimizer states, the datamodule state.
+``python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder> [--delta D]`` runs :func:`export_main`;
+:func:`load_exported` rebuilds a :class:`~lightning_dprel.module.DPRelationalModule` from the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from lightning_dprel.encoders import encoder_spec
+from lightning_dprel.per_tuple import trainable_parameters
+from lightning_dprel.specs import PRIVACY_UNIT
+
+__all__ = ["embed_texts", "input_spec_of", "privacy_delta", "privacy_report", "export_model", "load_exported", "export_main"]
+
+FORMAT = "lightning_dprel.export/1"
+_SCORING = ("score", "temperature", "loss", "margin", "lr", "weight_decay", "optimizer", "momentum")
+
+
+def input_spec_of(datamodule: Any) -> dict[str, Any]:
+    """How a datamodule turns node texts into inputs: ``{"tokenizer", "max_length", "embed_text"}``, where
+    ``embed_text`` is ``{"model_name", "max_length"}`` of an :class:`~lightning_dprel.transforms.EmbedText` transform."""
+    from lightning_dprel.transforms import EmbedText
+
+    transform = getattr(datamodule, "transform", None)
+    frozen = {"model_name": transform.model_name, "max_length": int(transform.max_length)} if isinstance(transform, EmbedText) else None
+    max_length = getattr(datamodule, "max_length", None)
+    return {"tokenizer": getattr(datamodule, "tokenizer", None), "max_length": None if max_length is None else int(max_length), "embed_text": frozen}
+
+
+def embed_texts(module: Any, texts: Sequence[str], *, max_length: int | None = None) -> Tensor:
+    """``[N, d]`` embeddings of new node texts by a trained module, made the way its training inputs were.
+
+    A text encoder (one with ``tokenize``, e.g. :class:`~lightning_dprel.encoders.TextEncoder`) tokenises with its own
+    tokenizer (``max_length``: the training datamodule's, else 64). An encoder trained on frozen text embeddings
+    (``module.input_spec["embed_text"]``, e.g. the main job's :class:`~lightning_dprel.encoders.ResidualAdapter`)
+    gets them from the same frozen model (:func:`lightning_dprel.transforms.embed_texts`) first. A directed adapter
+    returns ``[adapter(x) ‖ x]``, as in training. Other encoders were trained on dense features: ``ValueError``.
+    """
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("`texts` must be a sequence of strings (one per node).")
+    spec, encoder = module.input_spec or {}, module.encoder
+    if hasattr(encoder, "tokenize"):
+        inputs = encoder.tokenize(list(texts), max_length=max_length or spec.get("max_length") or 64)
+    elif spec.get("embed_text"):
+        from lightning_dprel.transforms import embed_texts as frozen_embeddings
+
+        frozen = spec["embed_text"]
+        inputs = {"x": frozen_embeddings(list(texts), frozen["model_name"], max_length=max_length or frozen["max_length"])}
+    else:
+        raise ValueError(
+            f"This {type(encoder).__name__} was trained on dense features, not on texts (its datamodule had no tokenizer "
+            "and no EmbedText transform): embed its features with module.embed({'x': features})."
+        )
+    was_training = module.training
+    module.eval()
+    try:
+        return module.embed({k: v.to(module.device) for k, v in inputs.items()})
+    finally:
+        module.train(was_training)
+
+
+def privacy_delta(module: Any) -> float | None:
+    """δ of the module's privacy reports: its trainer's privacy callback's, else the one saved with it, else None."""
+    trainer = getattr(module, "_trainer", None)
+    for cb in trainer.callbacks if trainer is not None else ():
+        if getattr(cb, "charges_privacy_ledger", False) and getattr(cb, "delta", None) is not None:
+            return float(cb.delta)
+    return getattr(module, "_saved_delta", None)
+
+
+def _number(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def privacy_report(module: Any, *, delta: float | None = None) -> dict[str, Any]:
+    """What the module's privacy ledger says: ε at δ (default: :func:`privacy_delta`, else 1/m), steps, σ, C,
+    clipping and accounting. ``epsilon`` is ``"inf"`` when any step ran without noise or without known sampling."""
+    from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
+
+    ledger, spec = module.privacy_ledger, module.noise_spec
+    delta = privacy_delta(module) if delta is None else float(delta)
+    samplings = [s.sampling for s in ledger.segments if s.sampling is not None]
+    if delta is None and samplings:
+        delta = 1.0 / samplings[-1].num_edges
+    epsilon = ledger.epsilon(delta) if delta is not None else (math.inf if ledger.unprotected_steps else 0.0)
+    mechanism = ledger.private_mechanism or spec.mechanism
+    seeded = module.hparams.get("noise_seed") is not None
+    return {
+        "epsilon": _number(float(epsilon)),
+        "delta": delta,
+        "steps": ledger.steps,
+        "private_steps": ledger.private_steps,
+        "unprotected_steps": ledger.unprotected_steps,
+        "noise_multiplier": ledger.last_noise_multiplier if ledger.steps else spec.noise_multiplier,
+        "clip_norm": spec.clip_norm,
+        "clipping": spec.clipping,
+        "mechanism": mechanism,
+        "accounting": ACCOUNTING_LABELS.get(mechanism, mechanism),
+        "privacy_unit": PRIVACY_UNIT,
+        "seeded_noise": seeded,
+        "note": "the noise came from a public seed: anyone who knows it can remove it, so no epsilon holds"
+        if seeded else "epsilon covers every step in ledger.json (all fits of this model)",
+    }
+
+
+def _public_hparams(module: Any) -> dict[str, Any]:
+    hp = module.hparams
+    return {**{k: hp[k] for k in _SCORING if k in hp}, **module.noise_spec.to_dict()}
+
+
+def export_model(module: Any, folder: str | Path, *, delta: float | None = None) -> Path:
+    """Write the trained weights, ``model.json``, ``privacy.json`` and ``ledger.json`` to ``folder`` (see the module
+    docstring); no key, seed or stream state. Returns the folder."""
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    encoder = module.encoder
+    weights = {name: p.detach().cpu().contiguous() for name, p in trainable_parameters(encoder).items()}
+    save_file(weights, str(out / "weights.safetensors"), metadata={"format": "pt"})
+    inner = getattr(encoder, "model", None)
+    if inner is not None and type(inner).__module__.startswith("peft"):
+        inner.save_pretrained(str(out / "peft_adapter"))
+    meta = {
+        "format": FORMAT,
+        "class_path": f"{type(module).__module__}.{type(module).__name__}",
+        "encoder": encoder_spec(encoder),
+        "module": _public_hparams(module),
+        "input_spec": module.input_spec,
+        "weights": "weights.safetensors",
+        "trainable_parameters": sorted(weights),
+    }
+    (out / "model.json").write_text(json.dumps(meta, indent=2))
+    (out / "privacy.json").write_text(json.dumps(privacy_report(module, delta=delta), indent=2))
+    (out / "ledger.json").write_text(json.dumps(module.privacy_ledger.state_dict(), indent=2))
+    return out
+
+
+def load_exported(folder: str | Path) -> Any:
+    """A :class:`~lightning_dprel.module.DPRelationalModule` rebuilt from an :func:`export_model` folder (weights,
+    input spec, ledger and δ), ready for :meth:`embed_texts`, ``embed`` or ``trainer.predict``."""
+    from safetensors.torch import load_file
+
+    from lightning_dprel.module import DPRelationalModule
+
+    folder = Path(folder)
+    meta = json.loads((folder / "model.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder} is not a lightning_dprel export ({FORMAT}); got format {meta.get('format')!r}.")
+    if meta["encoder"] is None:
+        raise ValueError(
+            "The exported encoder has no spec (a custom encoder without `init_args`): build it yourself and load "
+            f"{folder / meta['weights']} into it."
+        )
+    module = DPRelationalModule(meta["encoder"], **meta["module"])
+    weights = load_file(str(folder / meta["weights"]))
+    trainable = set(trainable_parameters(module.encoder))
+    if set(weights) != trainable:
+        raise ValueError(f"{meta['weights']} holds {sorted(set(weights) ^ trainable)[:5]}… that the rebuilt encoder does not train.")
+    module.encoder.load_state_dict(weights, strict=False)
+    module.privacy_ledger.load_state_dict(json.loads((folder / "ledger.json").read_text()))
+    module.input_spec = meta["input_spec"]
+    module._saved_delta = json.loads((folder / "privacy.json").read_text()).get("delta")
+    return module.eval()
+
+
+def export_main(argv: Sequence[str] | None = None) -> Path:
+    """``python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder> [--delta D]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dprel export",
+        description="Export a trained DPRelationalModule checkpoint: trained weights, privacy report and ledger (no secrets).",
+    )
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint, e.g. <default_root_dir>/model.ckpt of a fit")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--delta", type=float, default=None, help="δ of the report (default: the fit's, else 1/m)")
+    args = parser.parse_args(argv)
+    from lightning_dprel.module import DPRelationalModule
+
+    module = DPRelationalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
+    out = export_model(module, args.out, delta=args.delta)
+    report = json.loads((out / "privacy.json").read_text())
+    print(f"exported {args.ckpt_path} to {out}: epsilon = {report['epsilon']} (delta = {report['delta']}), "
+          f"steps = {report['steps']}, accounting: {report['accounting']}", flush=True)
+    return out
