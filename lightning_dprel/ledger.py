@@ -79,6 +79,7 @@ class PrivacyLedger:
 
     def __init__(self) -> None:
         self._segments: list[Segment] = []
+        self._cache: dict[tuple, tuple[Accountant, int, int]] = {}  # (mechanism, orders) → (acc, segment, steps done)
         self.sampling: SamplingSpec | None = None
 
     # --- writing -------------------------------------------------------------------------------------
@@ -112,8 +113,10 @@ class PrivacyLedger:
                 "a σ the noise did not have."
             )
         sampling = self.sampling
+        last = self._segments[-1] if self._segments else None
         if private:
-            self.check_mechanism(record.mechanism, record.clipping)
+            if last is None or (last.mechanism, last.clipping) != (record.mechanism, record.clipping):
+                self.check_mechanism(record.mechanism, record.clipping)  # once per new run of steps
             if sampling is not None and not math.isclose(record.expected_batch_size, sampling.expected_batch_size, rel_tol=1e-9):
                 raise RuntimeError(
                     f"The step divided by b = {record.expected_batch_size}, the SamplingSpec says "
@@ -123,7 +126,6 @@ class PrivacyLedger:
             record.mechanism if private else "none", sampling if private else None,
             float(record.noise_multiplier), float(record.clip_norm), record.clipping, 1,
         )
-        last = self._segments[-1] if self._segments else None
         if last is not None and last.same_run(seg):
             self._segments[-1] = replace(last, steps=last.steps + 1)
         else:
@@ -157,17 +159,35 @@ class PrivacyLedger:
     def last_noise_multiplier(self) -> float | None:
         return self._segments[-1].noise_multiplier if self._segments else None
 
-    def accountant(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:
-        """An :class:`Accountant` holding every accountable private step (``mechanism`` may name a stand-in bound)."""
+    def _mechanism_name(self, mechanism: str | None) -> str:
         spent = self.private_mechanism
         name = mechanism or spent or "freq_corrected"
         if spent is not None and name != spent:
             check_accounting_choice(spent, name)
-        acc = Accountant(name, orders=orders)
-        for seg in self._segments:
-            if seg.mechanism != "none" and seg.sampling is not None:
-                acc.step(seg.sampling, seg.noise_multiplier, seg.steps)
+        return name
+
+    def accountant(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:
+        """A fresh :class:`Accountant` holding every accountable private step (``mechanism`` may name a stand-in)."""
+        acc = Accountant(self._mechanism_name(mechanism), orders=orders)
+        self._replay(acc, 0, 0)
         return acc
+
+    def composed(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:
+        """Like :meth:`accountant`, but one cached accountant brought up to date with the steps charged since the
+        last call (the callback asks after every step). Read it; do not step it."""
+        name = self._mechanism_name(mechanism)
+        key = (name, None if orders is None else tuple(float(a) for a in orders))
+        acc, index, done = self._cache.get(key) or (Accountant(name, orders=orders), 0, 0)
+        self._cache[key] = (acc, *self._replay(acc, index, done))
+        return acc
+
+    def _replay(self, acc: Accountant, index: int, done: int) -> tuple[int, int]:
+        """Step ``acc`` through segments[index:], of which ``done`` steps of the first are in it already."""
+        for i in range(index, len(self._segments)):
+            seg, skip = self._segments[i], (done if i == index else 0)
+            if seg.mechanism != "none" and seg.sampling is not None and seg.steps > skip:
+                acc.step(seg.sampling, seg.noise_multiplier, seg.steps - skip)
+        return (len(self._segments) - 1, self._segments[-1].steps) if self._segments else (0, 0)
 
     def epsilon(self, delta: float, *, mechanism: str | None = None, orders: object = None) -> float:
         """ε of everything spent at δ (``inf`` if any step ran without noise, 0 before any step)."""
@@ -175,7 +195,7 @@ class PrivacyLedger:
             return math.inf
         if not self.private_steps:
             return 0.0
-        return float(self.accountant(mechanism=mechanism, orders=orders).get_epsilon(delta))
+        return float(self.composed(mechanism=mechanism, orders=orders).get_epsilon(delta))
 
     # --- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -197,6 +217,7 @@ class PrivacyLedger:
             segments.append(Segment(raw["mechanism"], sampling, float(raw["noise_multiplier"]), float(raw["clip_norm"]),
                                     raw["clipping"], int(raw["steps"])))
         self._segments = segments
+        self._cache.clear()
 
     def __repr__(self) -> str:
         return f"PrivacyLedger(steps={self.steps}, private={self.private_steps}, segments={len(self._segments)})"

@@ -46,26 +46,26 @@ def check_trainer(trainer: "pl.Trainer") -> None:
         )
 
 
-def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
-    noise = getattr(pl_module, "noise_spec", None)
-    if not isinstance(noise, NoiseSpec):
+def _fact(pl_module: "pl.LightningModule", name: str, kind: type, what: str, remedy: str) -> Any:
+    value = getattr(pl_module, name, None)
+    if not isinstance(value, kind):
         raise TypeError(
-            f"PrivacyCallback needs `pl_module.noise_spec`, a lightning_dprel.specs.NoiseSpec (σ, C, clipping, "
-            f"accounting); {type(pl_module).__name__} gives {type(noise).__name__}. Use DPRelationalModule or "
-            "add a `noise_spec` property to your module."
+            f"PrivacyCallback needs `pl_module.{name}`, {what}; {type(pl_module).__name__} gives "
+            f"{type(value).__name__}. {remedy}"
         )
-    return noise
+    return value
+
+
+def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
+    return _fact(pl_module, "noise_spec", NoiseSpec, "a lightning_dprel.specs.NoiseSpec (σ, C, clipping, accounting)",
+                 "Use DPRelationalModule or add a `noise_spec` property to your module.")
 
 
 def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
-    ledger = getattr(pl_module, "privacy_ledger", None)
-    if not isinstance(ledger, PrivacyLedger):
-        raise TypeError(
-            f"PrivacyCallback reads what the model spent from `pl_module.privacy_ledger`, a "
-            f"lightning_dprel.ledger.PrivacyLedger; {type(pl_module).__name__} gives {type(ledger).__name__}. Use "
-            "DPRelationalModule, or hold a PrivacyLedger and charge it with DPOptimizer.attach_step_hook(ledger.charge)."
-        )
-    return ledger
+    return _fact(pl_module, "privacy_ledger", PrivacyLedger,
+                 "a lightning_dprel.ledger.PrivacyLedger (what the model spent)",
+                 "Use DPRelationalModule, or hold a PrivacyLedger and charge it with "
+                 "DPOptimizer.attach_step_hook(ledger.charge).")
 
 
 def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:

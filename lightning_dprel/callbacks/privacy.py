@@ -222,7 +222,8 @@ class PrivacyCallback(Callback):
                 "`trainer.should_stop` or call `fit` again without raising the budget."
             )
         sigma = float(noise_spec_of(pl_module).noise_multiplier)
-        stop, next_eps = self._budget().next_step(self.accountant, self._sampling, sigma, self._lookahead)
+        composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
+        stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             self._set_stop(trainer, next_eps)
 

@@ -103,6 +103,14 @@ def hpo_subdomains(terms: dict[str, OboTerm]) -> dict[str, str]:
     return {c: terms[c].name for c in sorted(_children(terms)[PHENOTYPIC_ABNORMALITY])}
 
 
+def _distinct_domains(first: tuple[str, str], second: tuple[str, str], domains: dict[str, str]) -> tuple[str, str]:
+    """Two (argument name, domain) pairs resolved to sub-domain roots; refused when both are the same sub-domain."""
+    a, b = _resolve_domain(first[1], domains), _resolve_domain(second[1], domains)
+    if a == b:
+        raise ValueError(f"`{first[0]}` and `{second[0]}` are the same sub-domain ({domains[a]!r}).")
+    return a, b
+
+
 def _resolve_domain(domain: str, domains: dict[str, str]) -> str:
     """A sub-domain by HP id, exact name, or a unique case-insensitive keyword (e.g. ``"cardiovascular"``)."""
     if domain in domains:
@@ -168,10 +176,7 @@ class HPODomains(GraphSource):
     def load(self) -> GraphPair:
         terms = parse_obo(self.obo_path or default_obo_path())
         domains = hpo_subdomains(terms)
-        train_root = _resolve_domain(self.train_domain, domains)
-        test_root = _resolve_domain(self.test_domain, domains)
-        if train_root == test_root:
-            raise ValueError(f"`train_domain` and `test_domain` are the same sub-domain ({domains[train_root]!r}).")
+        train_root, test_root = _distinct_domains(("train_domain", self.train_domain), ("test_domain", self.test_domain), domains)
         children = _children(terms)
         train_nodes = {t for t in _subtree(train_root, children) if not terms[t].obsolete}
         test_nodes = {t for t in _subtree(test_root, children) if not terms[t].obsolete} - train_nodes
@@ -205,10 +210,7 @@ class HPOLarge(GraphSource):
     def load(self) -> GraphPair:
         terms = parse_obo(self.obo_path or default_obo_path())
         domains = hpo_subdomains(terms)
-        test_root = _resolve_domain(self.test_domain, domains)
-        val_root = _resolve_domain(self.val_domain, domains)
-        if test_root == val_root:
-            raise ValueError(f"`val_domain` and `test_domain` are the same sub-domain ({domains[test_root]!r}).")
+        val_root, test_root = _distinct_domains(("val_domain", self.val_domain), ("test_domain", self.test_domain), domains)
         children = _children(terms)
         live = {t for t in _subtree(PHENOTYPIC_ABNORMALITY, children) if not terms[t].obsolete}
         test_nodes = _subtree(test_root, children) & live

@@ -63,6 +63,14 @@ def parse_wordnet_nouns(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> dict[s
     return synsets
 
 
+def _distinct_domains(first: tuple[str, str], second: tuple[str, str]) -> tuple[str, str]:
+    """Two (argument name, lexicographer file) pairs checked; refused when both name the same file."""
+    a, b = _check_domain(first[1]), _check_domain(second[1])
+    if a == b:
+        raise ValueError(f"`{first[0]}` and `{second[0]}` are the same sub-domain ({a!r}).")
+    return a, b
+
+
 def _check_domain(domain: str) -> str:
     names = sorted(NOUN_LEXNAMES.values())
     if domain not in names:
@@ -114,9 +122,7 @@ class WordNetDomains(GraphSource):
         self.wordnet_dir = wordnet_dir
 
     def load(self) -> GraphPair:
-        train_domain, test_domain = _check_domain(self.train_domain), _check_domain(self.test_domain)
-        if train_domain == test_domain:
-            raise ValueError(f"`train_domain` and `test_domain` are the same sub-domain ({train_domain!r}).")
+        train_domain, test_domain = _distinct_domains(("train_domain", self.train_domain), ("test_domain", self.test_domain))
         synsets = parse_wordnet_nouns(self.wordnet_dir)
         return GraphPair(
             train=_domain_data(synsets, train_domain),
@@ -148,9 +154,7 @@ class WordNetLarge(GraphSource):
         self.wordnet_dir = wordnet_dir
 
     def load(self) -> GraphPair:
-        test, val = _check_domain(self.test_domain), _check_domain(self.val_domain)
-        if test == val:
-            raise ValueError(f"`val_domain` and `test_domain` are the same sub-domain ({test!r}).")
+        val, test = _distinct_domains(("val_domain", self.val_domain), ("test_domain", self.test_domain))
         synsets = parse_wordnet_nouns(self.wordnet_dir)
         rest = frozenset(lex for lex, _, _ in synsets.values()) - {test, val}
         return GraphPair(
