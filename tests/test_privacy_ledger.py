@@ -216,3 +216,17 @@ def test_budget_is_a_pure_decision():
     assert np.all(acc.rdp() == 10 * per_step_rdp("standard", spec, 1.5))
     with pytest.raises(ValueError, match="delta"):
         PrivacyBudget(1.0, 1.5)
+
+
+def test_a_run_accounted_by_eq3_can_be_charged_with_the_corrected_bound_but_not_the_reverse():
+    """Issue 15: the audit reports the corrected ε of a FREQ-CLIP run trained with the paper's accounting."""
+    module, dm = _module(clipping="freq", accounting="paper"), _dm()
+    _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=6).fit(module, datamodule=dm)
+    ledger = module.privacy_ledger
+    paper, corrected = ledger.epsilon(1e-5), ledger.epsilon(1e-5, mechanism="freq_corrected")
+    assert corrected == pytest.approx(_independent_eps("freq_corrected", [(dm.sampling_spec, 1.5, 6)], 1e-5), rel=1e-9)
+    assert corrected > paper
+    module2, dm2 = _module(clipping="freq"), _dm()
+    _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=2).fit(module2, datamodule=dm2)
+    with pytest.raises(ValueError, match="contradicts the module"):
+        module2.privacy_ledger.epsilon(1e-5, mechanism="freq_paper")

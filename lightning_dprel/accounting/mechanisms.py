@@ -344,7 +344,7 @@ def _poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: np.ndarray) 
 
 register_mechanism(
     "freq_corrected", _freq_corrected, coupled=True, label="FREQ-CLIP corrected", clipping=("freq",),
-    accounting="corrected",
+    accounting="corrected", stands_in_for=("freq_paper",),  # the bound that holds, for a run accounted by Eq. 3
     description="FREQ-CLIP, corrected accounting: profile Δ=C(1/2+3j/4+i(1+k)/4) in Theorem C.1's mixture",
 )
 register_mechanism(

@@ -1,0 +1,38 @@
+"""Empirical privacy audit (issue 15): canary entities by secret coins, membership scores, ε lower bounds.
+
+Privacy unit audited: one entity (a node with all its relations), add/remove — the library's
+:data:`~lightning_dprel.specs.PRIVACY_UNIT`. A lower bound above a proven ε is a violation: report it.
+``python -m lightning_dprel.audit --config configs/audit_tiny.yaml``; docs/audit.md.
+"""
+
+from lightning_dprel.audit.bounds import (
+    OneRunBound,
+    TwoRunBound,
+    clopper_pearson,
+    one_run_audit,
+    one_run_epsilon,
+    one_run_p_value,
+    two_run_audit,
+)
+from lightning_dprel.audit.canaries import CanaryGraph, canary_graph, secret_coins
+from lightning_dprel.audit.runner import AuditRecord, audit_setting, proven_epsilons
+from lightning_dprel.audit.whitebox import CanaryGrads, WhiteBoxSetting, canary_scores
+
+__all__ = [
+    "AuditRecord",
+    "CanaryGrads",
+    "CanaryGraph",
+    "OneRunBound",
+    "TwoRunBound",
+    "WhiteBoxSetting",
+    "audit_setting",
+    "canary_graph",
+    "canary_scores",
+    "clopper_pearson",
+    "one_run_audit",
+    "one_run_epsilon",
+    "one_run_p_value",
+    "proven_epsilons",
+    "secret_coins",
+    "two_run_audit",
+]
