@@ -284,7 +284,7 @@ class BlackBoxAudit:
         two = f", two-run ε ≥ {self.two_run.epsilon:.3f}" if self.two_run is not None else ""
         return (f"{self.setting}: proven ε = {self.epsilon:.3f} ({self.accounting}, δ = {self.delta:.3g}, σ = "
                 f"{self.noise_multiplier:.3g}); one-run ε ≥ {self.one_run.epsilon:.3f} ({self.one_run.correct}/"
-                f"{self.one_run.guesses}){two} at {self.one_run.confidence:.0%}; m = {self.num_canaries}, K = "
+                f"{self.one_run.guesses}){two}, each at {self.one_run.confidence:.1%}; m = {self.num_canaries}, K = "
                 f"{self.degree}, {self.steps} steps, {self.seconds:.1f} s")
 
 
@@ -319,12 +319,13 @@ def blackbox_audit(
         world = train_world(entities, included, setting, steps=steps, delta=delta, **sizes, **train)
         return world, membership_scores(world.module, entities, score=score)
 
+    each = 1.0 - (1.0 - confidence) / 2.0 if two_run else confidence  # Bonferroni over the two bounds
     main, scores = run(coins)
-    one = one_run_audit(scores.numpy(), coins.numpy(), delta=delta, confidence=confidence)
+    one = one_run_audit(scores.numpy(), coins.numpy(), delta=delta, confidence=each)
     two, ins, outs, seconds = None, None, None, main.seconds
     if two_run:
         (w_in, ins), (w_out, outs) = run(torch.ones_like(coins)), run(torch.zeros_like(coins))
-        two = two_run_audit(ins.numpy(), outs.numpy(), delta=delta, confidence=confidence)
+        two = two_run_audit(ins.numpy(), outs.numpy(), delta=delta, confidence=each)
         seconds += w_in.seconds + w_out.seconds
     return BlackBoxAudit(
         setting=setting, epsilon=main.epsilon, accounting=main.accounting, delta=delta, num_canaries=num_canaries,

@@ -11,8 +11,8 @@ value does not exceed the true ε); they never replace the accountant's upper bo
   for by Bonferroni.
 - :func:`two_run_audit`: in-scores (canaries trained on) against out-scores (canaries left out), thresholds
   with Clopper–Pearson intervals, ε ≥ log((TPR − δ)/FPR) and log((TNR − δ)/FNR) (Jagielski et al. 2020;
-  Nasr et al. 2021), Bonferroni over every threshold. Its intervals need the scores to be independent
-  (true for disjoint gradient canaries; an assumption for canaries in one model).
+  Nasr et al. 2021), simultaneously over every threshold. Its intervals need the scores to be independent
+  (true for disjoint gradient canaries without negatives; an assumption for canaries in one model).
 
 References:
     Steinke, Nasr, Jagielski. Privacy Auditing with One (1) Training Run. NeurIPS 2023, arXiv 2305.08846.
@@ -75,7 +75,8 @@ def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
 def one_run_epsilon(m: int, r: int, v: int, *, delta: float, significance: float) -> float:
     """The largest ε whose (ε, δ)-DP claim ``v`` correct of ``r`` guesses rejects at ``significance`` (0 if none).
 
-    The p-value grows with ε, so the rejected claims form an interval [0, ε*); found by bisection to 1e-6.
+    Bisection to 1e-6 between a rejected ε (below) and an accepted one (above). Sound whether or not the p-value is
+    monotone: an (ε, δ)-DP mechanism is (ε', δ)-DP for every ε' ≥ ε, so rejecting ε rejects every smaller ε.
     """
     if one_run_p_value(m, r, v, 0.0, delta) > significance:
         return 0.0
@@ -193,7 +194,9 @@ def two_run_audit(in_scores: Any, out_scores: Any, *, delta: float, confidence: 
 
     For a threshold t, "in" is guessed when score ≥ t; with TPR/FPR bounded by one-sided Clopper–Pearson
     intervals, (ε, δ)-DP implies TPR ≤ e^ε·FPR + δ and TNR ≤ e^ε·FNR + δ, so ε ≥ log((TPR⁻ − δ)/FPR⁺) and
-    log((TNR⁻ − δ)/FNR⁺). Every interval is taken at significance (1 − confidence)/(4·#thresholds).
+    log((TNR⁻ − δ)/FNR⁺). The k-th largest in-score's true exceedance probability is Beta(k, n₁−k+1)-distributed, so
+    one union over the n₁ + n₀ + 2 count values of each one-sided family covers every threshold at once (data-free):
+    every interval is taken at significance (1 − confidence)/(2·(n₁ + n₀ + 2)).
     """
     confidence, delta = _check_confidence(confidence), _check_delta(delta)
     ins = np.sort(np.asarray(in_scores, dtype=np.float64).reshape(-1))
@@ -205,8 +208,8 @@ def two_run_audit(in_scores: Any, out_scores: Any, *, delta: float, confidence: 
     thresholds = np.concatenate([np.union1d(ins, outs), [np.inf]])
     tp = ins.size - np.searchsorted(ins, thresholds, side="left")  # in-scores >= t
     fp = outs.size - np.searchsorted(outs, thresholds, side="left")
-    sig = (1.0 - confidence) / (4.0 * thresholds.size)
     n1, n0 = ins.size, outs.size
+    sig = (1.0 - confidence) / (2.0 * (n1 + n0 + 2))
     tpr_lo, fpr_hi = clopper_pearson(tp, n1, sig, "lower"), clopper_pearson(fp, n0, sig, "upper")
     tnr_lo, fnr_hi = clopper_pearson(n0 - fp, n0, sig, "lower"), clopper_pearson(n1 - tp, n1, sig, "upper")
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -23,7 +23,7 @@ from lightning_dprel.optim import DPOptimizer
 from lightning_dprel.per_tuple import TupleGradients
 from lightning_dprel.randomness import KeyedStream
 from lightning_dprel.sampling import max_freq, neg_sample_wor, poisson_positives
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.specs import NoiseSpec, SamplingSpec
 
 __all__ = ["CanaryGrads", "WhiteBoxSetting", "canary_scores", "sampling_spec"]
 
@@ -62,8 +62,11 @@ class WhiteBoxSetting:
     magnitude: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.clipping not in ("freq", "standard", "none"):
-            raise ValueError(f"`clipping` must be 'freq', 'standard' or 'none', got {self.clipping!r}.")
+        NoiseSpec(self.noise_multiplier, self.clip_norm, self.clipping, self.accounting)  # σ ≥ 0, C > 0, none ⇒ σ = 0
+        if self.accounting not in ("corrected", "paper"):
+            raise ValueError(f"`accounting` must be 'corrected' or 'paper', got {self.accounting!r}.")
+        if self.accounting == "paper" and self.clipping != "freq":
+            raise ValueError("`accounting='paper'` (Eq. 3) is FREQ-CLIP's published accounting; use it with clipping='freq'.")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"`steps` must be an int >= 1, got {self.steps!r}.")
         if isinstance(self.neg_per_pos, bool) or not isinstance(self.neg_per_pos, int) or self.neg_per_pos < 0:
