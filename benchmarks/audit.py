@@ -69,8 +69,8 @@ def blackbox_rows(m: int, delta: float) -> tuple[list[str], list[dict]]:
     from lightning_dprel.audit.cli import _quiet
 
     lines = [
-        f"Black-box (real training of DPRelationalModule, MLP encoder, released model only), m = {m} canaries of degree 4, "
-        "20 epochs, σ calibrated by the PrivacyCallback for ε = 8 (private rows):",
+        (f"Black-box (real training of DPRelationalModule, MLP encoder, released model only), m = {m} canaries of degree 4, "
+         "20 epochs, σ calibrated by the PrivacyCallback for ε = 8 (private rows):"),
         "",
         "| setting | σ | proven ε | claimed ε (its accounting) | one-run ε_lb (guesses) | two-run ε_lb | lb ≤ proven? | s |",
         "|---|---|---|---|---|---|---|---|",
@@ -99,7 +99,7 @@ def main() -> int:
     args = parser.parse_args()
     graphs = {d: canary_graph(d, args.canaries, args.degree) for d in ("freq_adversarial", "dirac")}
     lines = [
-        f"| setting | design | σ | proven ε | exact ε of this canary | paper Eq. 3 ε | one-run ε_lb (guesses) | two-run ε_lb | lb > Eq. 3? | lb ≤ proven? | s |",
+        "| setting | design | σ | proven ε | exact ε of this canary | paper Eq. 3 ε | one-run ε_lb (guesses) | two-run ε_lb | lb > Eq. 3? | lb ≤ proven? | s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     records, violation = [], False

@@ -253,8 +253,9 @@ def test_adversarial_canaries_refute_the_papers_eq3_epsilon_and_dirac_canaries_d
 
 
 def test_every_shipped_audit_config_builds_its_settings():
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     from lightning_dprel.audit.cli import _load
 

@@ -35,7 +35,7 @@ from lightning_dprel.audit.bounds import (
     one_run_audit,
     two_run_audit,
 )
-from lightning_dprel.audit.canaries import secret_coins
+from lightning_dprel.audit.canaries import check_int, secret_coins
 from lightning_dprel.audit.runner import PROVEN_MECHANISM
 from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
 from lightning_dprel.callbacks.privacy import PrivacyCallback
@@ -68,12 +68,6 @@ SETTINGS = {
     "standard": ("standard", "corrected"),
     "nonprivate": ("none", "corrected"),
 }
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
-    return value
 
 
 @dataclass(frozen=True)
@@ -126,11 +120,11 @@ def canary_entities(
     num_canaries: int, degree: int, *, background_nodes: int = 200, background_edges: int = 400, dim: int = 16, seed: int = 0
 ) -> CanaryEntities:
     """m canaries with K partners each (Gaussian features, public ``seed``) next to a background graph."""
-    _check_int("num_canaries", num_canaries, 2)
-    _check_int("degree", degree, 1)
-    _check_int("background_nodes", background_nodes, 2)
-    _check_int("background_edges", background_edges, 1)
-    _check_int("dim", dim, 1)
+    check_int("num_canaries", num_canaries, 2)
+    check_int("degree", degree, 1)
+    check_int("background_nodes", background_nodes, 2)
+    check_int("background_edges", background_edges, 1)
+    check_int("dim", dim, 1)
     g = torch.Generator().manual_seed(seed)
     scale = dim ** -0.5 * 3.0  # about the norm of the background's community features
     canary_x = torch.randn(num_canaries, dim, generator=g) * scale
@@ -212,7 +206,7 @@ def train_world(
     """
     if setting not in SETTINGS:
         raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
-    _check_int("steps", steps, 1)
+    check_int("steps", steps, 1)
     clipping, accounting = SETTINGS[setting]
     private = clipping != "none"
     seed_everything(init_seed, verbose=False)  # the public initialisation; sampling and noise stay secret
@@ -305,7 +299,7 @@ def blackbox_audit(
         raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
     if score not in SCORES:
         raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
-    _check_int("epochs", epochs, 1)
+    check_int("epochs", epochs, 1)
     if not (0.0 < float(delta) < 1.0):
         raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
     entities = canary_entities(num_canaries, degree, background_nodes=background_nodes, background_edges=background_edges, dim=dim, seed=seed)

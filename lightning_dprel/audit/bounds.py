@@ -31,10 +31,10 @@ from scipy import stats
 __all__ = [
     "OneRunBound",
     "TwoRunBound",
-    "one_run_p_value",
-    "one_run_epsilon",
-    "one_run_audit",
     "clopper_pearson",
+    "one_run_audit",
+    "one_run_epsilon",
+    "one_run_p_value",
     "two_run_audit",
 ]
 

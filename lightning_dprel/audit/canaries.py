@@ -25,9 +25,16 @@ from torch import Tensor
 
 from lightning_dprel.randomness import KeyedStream
 
-__all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "secret_coins"]
+__all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "check_int", "secret_coins"]
 
 DESIGNS = ("dirac", "freq_adversarial")
+
+
+def check_int(name: str, value: object, low: int) -> int:
+    """``value`` if it is an int >= ``low``, else a ValueError naming ``name`` (the audit's one size check)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
+    return value
 
 
 def secret_coins(m: int, *, stream: KeyedStream | None = None) -> Tensor:
@@ -78,8 +85,7 @@ def canary_graph(design: str, num_canaries: int, degree: int, *, extra_nodes: in
     if design not in DESIGNS:
         raise ValueError(f"`design` must be one of {DESIGNS}, got {design!r}.")
     for name, val, low in (("num_canaries", num_canaries, 2), ("degree", degree, 1), ("extra_nodes", extra_nodes, 0)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < low:
-            raise ValueError(f"`{name}` must be an int >= {low}, got {val!r}.")
+        check_int(name, val, low)
     m, k = num_canaries, degree
     canary = torch.arange(m).repeat_interleave(k)
     partner = m + torch.arange(m * k)

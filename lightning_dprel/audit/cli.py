@@ -24,7 +24,7 @@ from lightning_dprel.audit.canaries import canary_graph
 from lightning_dprel.audit.runner import AuditRecord, audit_setting
 from lightning_dprel.audit.whitebox import WhiteBoxSetting
 
-__all__ = ["main", "format_audit", "run_config"]
+__all__ = ["format_audit", "main", "run_config"]
 
 _TOP = {"design", "num_canaries", "degree", "extra_nodes", "delta", "confidence", "seed", "output", "settings", "blackbox"}
 
@@ -80,7 +80,9 @@ def run_blackbox(cfg: dict[str, Any]) -> list[Any]:
         return []
     if not isinstance(section, dict) or not isinstance(section.get("settings"), list):
         raise SystemExit("audit: `blackbox` must be a mapping with a list `settings` (e.g. [nonprivate, freq_corrected]).")
-    from lightning_dprel.audit.blackbox import blackbox_audit  # Lightning only when asked for
+    from lightning_dprel.audit.blackbox import (
+        blackbox_audit,  # Lightning only when asked for
+    )
 
     kwargs = {k: v for k, v in section.items() if k != "settings"}
     kwargs.setdefault("delta", float(cfg.get("delta", 1e-5)))
@@ -111,11 +113,11 @@ def _quiet():
 def format_blackbox(audits: list[Any]) -> str:
     """The black-box table: proven ε of the real training run next to both lower bounds."""
     first = audits[0]
+    each = first.one_run.confidence  # each bound's; the pair's is 1 − 2(1 − each) when both were taken
+    overall = 1.0 - 2.0 * (1.0 - each) if first.two_run is not None else each
     lines = [
-        f"Black-box audit — real training, released model only (m = {first.num_canaries}, K = {first.degree}, "
-        f"{first.steps} steps), δ = {first.delta:g}, lower bounds at "
-        f"{(1 - 2 * (1 - first.one_run.confidence)) if first.two_run is not None else first.one_run.confidence:.0%} "
-        "confidence per setting",
+        (f"Black-box audit — real training, released model only (m = {first.num_canaries}, K = {first.degree}, "
+         f"{first.steps} steps), δ = {first.delta:g}, lower bounds at {overall:.0%} confidence per setting"),
         f"{'setting':<30}{'sigma':>7}{'proven eps':>12}{'claimed eps':>13}{'one-run lb':>12}{'two-run lb':>12}  verdict",
     ]
     for a in audits:
@@ -142,9 +144,9 @@ def format_audit(records: list[AuditRecord], cfg: dict[str, Any]) -> str:
     """The audit table: per setting σ, proven ε, claimed ε, both audited lower bounds, the verdict."""
     first = records[0]
     lines = [
-        f"Empirical privacy audit — white-box gradient canaries ({first.design}, m = {first.canaries}, K = {first.degree}), "
-        f"δ = {first.delta:g}, lower bounds at {first.confidence:.0%} confidence per setting (each bound at "
-        f"{first.one_run.confidence:.1%})",
+        (f"Empirical privacy audit — white-box gradient canaries ({first.design}, m = {first.canaries}, K = {first.degree}), "
+         f"δ = {first.delta:g}, lower bounds at {first.confidence:.0%} confidence per setting (each bound at "
+         f"{first.one_run.confidence:.1%})"),
         f"{'setting':<30}{'sigma':>7}{'proven eps':>12}{'claimed eps':>13}{'one-run lb':>12}{'two-run lb':>12}  verdict",
     ]
     for r in records:

@@ -16,12 +16,17 @@ from typing import Any
 import torch
 
 from lightning_dprel.accounting.calibration import epsilon_for
-from lightning_dprel.audit.bounds import OneRunBound, TwoRunBound, one_run_audit, two_run_audit
+from lightning_dprel.audit.bounds import (
+    OneRunBound,
+    TwoRunBound,
+    one_run_audit,
+    two_run_audit,
+)
 from lightning_dprel.audit.canaries import CanaryGraph, secret_coins
 from lightning_dprel.audit.whitebox import WhiteBoxSetting, canary_scores, sampling_spec
 from lightning_dprel.randomness import KeyedStream
 
-__all__ = ["AuditRecord", "PROVEN_MECHANISM", "audit_setting", "proven_epsilons"]
+__all__ = ["PROVEN_MECHANISM", "AuditRecord", "audit_setting", "proven_epsilons"]
 
 #: The accounting the library stands behind, per clipping mode (FREQ-CLIP: corrected profile; standard: Thm C.1).
 PROVEN_MECHANISM = {"freq": "freq_corrected", "standard": "standard"}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_dprel.audit.canaries import CanaryGraph
+from lightning_dprel.audit.canaries import CanaryGraph, check_int
 from lightning_dprel.optim import DPOptimizer
 from lightning_dprel.per_tuple import TupleGradients
 from lightning_dprel.randomness import KeyedStream
@@ -67,10 +67,8 @@ class WhiteBoxSetting:
             raise ValueError(f"`accounting` must be 'corrected' or 'paper', got {self.accounting!r}.")
         if self.accounting == "paper" and self.clipping != "freq":
             raise ValueError("`accounting='paper'` (Eq. 3) is FREQ-CLIP's published accounting; use it with clipping='freq'.")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"`steps` must be an int >= 1, got {self.steps!r}.")
-        if isinstance(self.neg_per_pos, bool) or not isinstance(self.neg_per_pos, int) or self.neg_per_pos < 0:
-            raise ValueError(f"`neg_per_pos` must be an int >= 0, got {self.neg_per_pos!r}.")
+        check_int("steps", self.steps, 1)
+        check_int("neg_per_pos", self.neg_per_pos, 0)
         if not (0.0 < float(self.sampling_rate) <= 1.0):
             raise ValueError(f"`sampling_rate` must be in (0, 1], got {self.sampling_rate}.")
         if not float(self.magnitude) > float(self.clip_norm):
