@@ -20,7 +20,7 @@ from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, noise_multipl
 from lightning_dprel.accounting import mechanisms as mech_mod
 from lightning_dprel.accounting.analysis import coupled_rdp, eq3_rdp
 from lightning_dprel.accounting.profiles import freq_corrected_profile, paper_profile, standard_profile
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 N, M, K, GAMMA, SIGMA, KNEG = 10**6, 5 * 10**6, 5, 1e-5, 0.5, 4
 DELTA = 1.0 / M

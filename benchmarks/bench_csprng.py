@@ -3,7 +3,7 @@
 For MiniLM-L6 + LoRA r = 8 on query/value (73,728 noised coordinates) and full MiniLM-L6 fine-tuning
 (22.7 M coordinates), on this machine's CPU (and on a GPU when one is present):
 
-* ``keyed``: the default, :class:`lightning_dprel.randomness.KeyedStream` (SHAKE-256 bytes → float64
+* ``keyed``: the default, :class:`lightning_dprel.core.randomness.KeyedStream` (SHAKE-256 bytes → float64
   Box–Muller → float32), moved to the device of the parameters;
 * ``mt19937``: the old default, ``torch.Tensor.normal_`` with a CPU ``torch.Generator`` (what a released
   model reveals, issue 11 finding 1), for reference;
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import bench_private_step as bps
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream
 
 
 def _median(fn, repeats: int) -> float:

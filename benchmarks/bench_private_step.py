@@ -1,7 +1,7 @@
 """Time and peak memory of one training step, side by side on the same batch (k = 4), on a GPU when present.
 
 (a) non-private: the batch's b·(2+k) node slots encoded at once, summed tuple losses, one backward, Adam;
-(b) ours, the default: ghost clipping + book-keeping (:mod:`lightning_dprel.ghost`: per-tuple norms from layer
+(b) ours, the default: ghost clipping + book-keeping (:mod:`lightning_dprel.grad_sample.ghost`: per-tuple norms from layer
     inputs and output gradients, the clipped sum from re-weighted output gradients; chunks from free memory)
     → FREQ-CLIP → sum → noise → ÷ b → Adam;
 (v) ours before issue 13: per-tuple gradients with torch.func (vmap over tuples), the same DPOptimizer;
@@ -44,10 +44,10 @@ def _rss_mib() -> float:
 
 
 def _setup(encoder_name: str, seed: int = 0):
-    from lightning_dprel.batch import TupleBatch
+    from lightning_dprel.methods.relational.batch import TupleBatch
     from lightning_dprel.demos import random_text_graph, resolve_pretrained
     from lightning_dprel.encoders import MLPEncoder, TextEncoder
-    from lightning_dprel.sampling import max_freq
+    from lightning_dprel.methods.relational.sampling import max_freq
 
     g = torch.Generator().manual_seed(seed)
     num_nodes = B * (2 + K_NEG) * 2
@@ -80,12 +80,13 @@ def _setup(encoder_name: str, seed: int = 0):
 
 
 def _make_step(mode: str, encoder, batch):
-    from lightning_dprel.ghost import ghost_grads, ghost_plan
-    from lightning_dprel.losses import tuple_loss
-    from lightning_dprel.memory import auto_chunk_size
-    from lightning_dprel.optim import DPOptimizer
-    from lightning_dprel.per_tuple import per_tuple_grads, trainable_parameters, tuple_inputs
-    from lightning_dprel.randomness import KeyedStream
+    from lightning_dprel.grad_sample.ghost import ghost_grads, ghost_plan
+    from lightning_dprel.methods.relational.losses import tuple_loss
+    from lightning_dprel.grad_sample.memory import auto_chunk_size
+    from lightning_dprel.core.optim import DPOptimizer
+    from lightning_dprel.grad_sample.per_tuple import per_tuple_grads, trainable_parameters
+    from lightning_dprel.methods.relational.batch import tuple_inputs
+    from lightning_dprel.core.randomness import KeyedStream
 
     named = trainable_parameters(encoder)
     inner = torch.optim.Adam(named.values(), lr=1e-4)
@@ -180,7 +181,7 @@ def _worker(encoder_name: str, mode: str, steps: int, threads: int, config: dict
         step, out = _make_step(mode, encoder, batch)
         step()
         grads = out["grads"]
-        from lightning_dprel.per_tuple import MaterializedGrads, TupleGradients
+        from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, TupleGradients
 
         grads = grads if isinstance(grads, TupleGradients) else MaterializedGrads(grads)
         norms = grads.norms().double().cpu().numpy().copy()
@@ -212,12 +213,12 @@ def run(encoder_name: str, mode: str, steps: int, threads: int, config: dict) ->
 
 def check_equal_float64() -> float:
     """Max |ghost − vmap| over the clipped sums of MLP, tiny BERT (+/− LoRA), FREQ-CLIP and standard, in float64."""
-    from lightning_dprel.clipping import factors_from_norms
+    from lightning_dprel.core.clipping import factors_from_norms
     from lightning_dprel.encoders import MLPEncoder, TextEncoder
-    from lightning_dprel.ghost import ghost_grads
-    from lightning_dprel.losses import tuple_loss
-    from lightning_dprel.per_tuple import MaterializedGrads, per_tuple_grads
-    from lightning_dprel.sampling import max_freq
+    from lightning_dprel.grad_sample.ghost import ghost_grads
+    from lightning_dprel.methods.relational.losses import tuple_loss
+    from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, per_tuple_grads
+    from lightning_dprel.methods.relational.sampling import max_freq
 
     head = lambda h, a: tuple_loss(h, a, score="cosine", temperature=0.5, loss="infonce")  # noqa: E731
     b, k, g = 6, 3, torch.Generator().manual_seed(0)

@@ -29,9 +29,9 @@ def run(data, *, conv: str, splits: int, epsilon: float | None, seed: int, steps
 
     from lightning_dprel.callbacks import PrivacyCallback
     from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
-    from lightning_dprel.datamodules.node import NodeSplitDataModule
-    from lightning_dprel.gnn import GNNClassifier
-    from lightning_dprel.node_module import DPNodeModule
+    from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
+    from lightning_dprel.methods.dp_gcn.gnn import GNNClassifier
+    from lightning_dprel.methods.dp_gcn.module import DPNodeModule
 
     dm = NodeSplitDataModule(InMemoryNodes(data, "WordNet nouns"), num_splits=splits, sampling_rate=min(1.0, max(10.0 / splits, 0.2)))
     torch.manual_seed(seed)

@@ -126,7 +126,7 @@ def run_one(
     from lightning_dprel.callbacks import PrivacyCallback
     from lightning_dprel.datamodules import RelationalDataModule
     from lightning_dprel.encoders import TextEncoder
-    from lightning_dprel.module import DPRelationalModule
+    from lightning_dprel.methods.relational.module import DPRelationalModule
 
     pl.seed_everything(seed, workers=True, verbose=False)
     dm = RelationalDataModule(
@@ -440,7 +440,7 @@ def plot_curve(runs: list[dict[str, Any]], path: Path) -> None:
 def plot_epsilon_vs_steps(path: Path, max_steps: int = 100_000) -> dict[str, list[float]]:
     """ε over steps for Eq. 3, corrected FREQ-CLIP, standard (and naive) at the Section 5.1 defaults (Figure 2)."""
     from lightning_dprel.accounting.cli import plot_comparison
-    from lightning_dprel.specs import SamplingSpec
+    from lightning_dprel.core.specs import SamplingSpec
 
     spec = SamplingSpec(num_nodes=10**6, num_edges=5 * 10**6, max_degree=5, sampling_rate=1e-5, neg_per_pos=4,
                         expected_batch_size=50.0, steps_per_epoch=10**5)

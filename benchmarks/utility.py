@@ -70,7 +70,7 @@ def run_one(job: dict) -> dict:
 
     from lightning_dprel.callbacks import PrivacyCallback, ValidationSelection
     from lightning_dprel.encoders import ResidualAdapter
-    from lightning_dprel.module import DPRelationalModule
+    from lightning_dprel.methods.relational.module import DPRelationalModule
 
     cfg, method, eps, seed = job["cfg"], job["method"], job["epsilon"], job["seed"]
     pl.seed_everything(seed, verbose=False)

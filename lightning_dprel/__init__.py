@@ -9,22 +9,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning_dprel.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
+from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "TupleBatch": "lightning_dprel.batch",
-    "RankingBatch": "lightning_dprel.batch",
-    "DPRelationalModule": "lightning_dprel.module",
+    "TupleBatch": "lightning_dprel.methods.relational.batch",
+    "RankingBatch": "lightning_dprel.methods.relational.batch",
+    "DPRelationalModule": "lightning_dprel.methods.relational.module",
     "TextEncoder": "lightning_dprel.encoders",
     "MLPEncoder": "lightning_dprel.encoders",
-    "DPOptimizer": "lightning_dprel.optim",
-    "DPNodeModule": "lightning_dprel.node_module",
-    "GNNClassifier": "lightning_dprel.gnn",
+    "DPOptimizer": "lightning_dprel.core.optim",
+    "DPNodeModule": "lightning_dprel.methods.dp_gcn.module",
+    "GNNClassifier": "lightning_dprel.methods.dp_gcn.gnn",
     "NodeSplitDataModule": "lightning_dprel.datamodules",
-    "KeyedStream": "lightning_dprel.randomness",
-    "PrivacyLedger": "lightning_dprel.ledger",
+    "KeyedStream": "lightning_dprel.core.randomness",
+    "PrivacyLedger": "lightning_dprel.core.ledger",
     "Accountant": "lightning_dprel.accounting",
     "PrivacyCallback": "lightning_dprel.callbacks",
     "ValidationSelection": "lightning_dprel.callbacks",

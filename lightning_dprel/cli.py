@@ -85,7 +85,7 @@ def _refuse_cli_optimizers(model: Any, optimizer: Any, lr_scheduler: Any) -> Non
     if optimizer is None and lr_scheduler is None:
         return
     path = getattr(model, "class_path", None) if model is not None else None
-    from lightning_dprel.module import DPRelationalModule
+    from lightning_dprel.methods.relational.module import DPRelationalModule
 
     if isinstance(path, str):
         module_name, _, name = path.rpartition(".")

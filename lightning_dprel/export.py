@@ -10,7 +10,7 @@ regenerate the training noise or the sampled batches:
 * ``model.json``: the encoder's spec (``class_path`` + ``init_args``), the scoring hyper-parameters, the noise spec
   and how node inputs were made from texts (tokenizer, ``max_length``, frozen :class:`~lightning_dprel.transforms.EmbedText`).
 * ``privacy.json``: ε at δ, steps, σ, C, clipping and accounting, from the model's privacy ledger.
-* ``ledger.json``: the ledger itself (:meth:`~lightning_dprel.ledger.PrivacyLedger.state_dict`).
+* ``ledger.json``: the ledger itself (:meth:`~lightning_dprel.core.ledger.PrivacyLedger.state_dict`).
 
 Never written: the noise stream's or the sampler's key, seed or position, optimizer states, the datamodule state.
 ``python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder> [--delta D]`` runs :func:`export_main`;
@@ -26,68 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
+from lightning_dprel.core.private_module import privacy_delta
 from lightning_dprel.encoders import encoder_spec
-from lightning_dprel.per_tuple import trainable_parameters
-from lightning_dprel.specs import PRIVACY_UNIT
+from lightning_dprel.grad_sample.base import trainable_parameters
+from lightning_dprel.methods.relational.inference import embed_texts, input_spec_of
+from lightning_dprel.core.specs import PRIVACY_UNIT
 
 __all__ = ["embed_texts", "input_spec_of", "privacy_delta", "privacy_report", "export_model", "load_exported", "export_main"]
 
 FORMAT = "lightning_dprel.export/1"
 _SCORING = ("score", "temperature", "loss", "margin", "lr", "weight_decay", "optimizer", "momentum")
-
-
-def input_spec_of(datamodule: Any) -> dict[str, Any]:
-    """How a datamodule turns node texts into inputs: ``{"tokenizer", "max_length", "embed_text"}``, where
-    ``embed_text`` is ``{"model_name", "max_length"}`` of an :class:`~lightning_dprel.transforms.EmbedText` transform."""
-    from lightning_dprel.transforms import EmbedText
-
-    transform = getattr(datamodule, "transform", None)
-    frozen = {"model_name": transform.model_name, "max_length": int(transform.max_length)} if isinstance(transform, EmbedText) else None
-    max_length = getattr(datamodule, "max_length", None)
-    return {"tokenizer": getattr(datamodule, "tokenizer", None), "max_length": None if max_length is None else int(max_length), "embed_text": frozen}
-
-
-def embed_texts(module: Any, texts: Sequence[str], *, max_length: int | None = None) -> Tensor:
-    """``[N, d]`` embeddings of new node texts by a trained module, made the way its training inputs were.
-
-    A text encoder (one with ``tokenize``, e.g. :class:`~lightning_dprel.encoders.TextEncoder`) tokenises with its own
-    tokenizer (``max_length``: the training datamodule's, else 64). An encoder trained on frozen text embeddings
-    (``module.input_spec["embed_text"]``, e.g. the main job's :class:`~lightning_dprel.encoders.ResidualAdapter`)
-    gets them from the same frozen model (:func:`lightning_dprel.transforms.embed_texts`) first. A directed adapter
-    returns ``[adapter(x) ‖ x]``, as in training. Other encoders were trained on dense features: ``ValueError``.
-    """
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("`texts` must be a sequence of strings (one per node).")
-    spec, encoder = module.input_spec or {}, module.encoder
-    if hasattr(encoder, "tokenize"):
-        inputs = encoder.tokenize(list(texts), max_length=max_length or spec.get("max_length") or 64)
-    elif spec.get("embed_text"):
-        from lightning_dprel.transforms import embed_texts as frozen_embeddings
-
-        frozen = spec["embed_text"]
-        inputs = {"x": frozen_embeddings(list(texts), frozen["model_name"], max_length=max_length or frozen["max_length"])}
-    else:
-        raise ValueError(
-            f"This {type(encoder).__name__} was trained on dense features, not on texts (its datamodule had no tokenizer "
-            "and no EmbedText transform): embed its features with module.embed({'x': features})."
-        )
-    was_training = module.training
-    module.eval()
-    try:
-        return module.embed({k: v.to(module.device) for k, v in inputs.items()})
-    finally:
-        module.train(was_training)
-
-
-def privacy_delta(module: Any) -> float | None:
-    """δ of the module's privacy reports: its trainer's privacy callback's, else the one saved with it, else None."""
-    trainer = getattr(module, "_trainer", None)
-    for cb in trainer.callbacks if trainer is not None else ():
-        if getattr(cb, "charges_privacy_ledger", False) and getattr(cb, "delta", None) is not None:
-            return float(cb.delta)
-    return getattr(module, "_saved_delta", None)
 
 
 def _number(x: float) -> float | str:
@@ -138,7 +86,7 @@ def _module_class(class_path: str) -> type:
     """A ``lightning_dprel`` private module class by path (nothing outside the library is imported from a file)."""
     import importlib
 
-    from lightning_dprel.private_module import PrivateModule
+    from lightning_dprel.core.private_module import PrivateModule
 
     module_name, _, name = class_path.rpartition(".")
     cls = getattr(importlib.import_module(module_name), name, None) if module_name.startswith("lightning_dprel.") else None
@@ -181,7 +129,7 @@ def export_model(module: Any, folder: str | Path, *, delta: float | None = None)
 
 
 def load_exported(folder: str | Path) -> Any:
-    """A :class:`~lightning_dprel.module.DPRelationalModule` rebuilt from an :func:`export_model` folder (weights,
+    """A :class:`~lightning_dprel.methods.relational.module.DPRelationalModule` rebuilt from an :func:`export_model` folder (weights,
     input spec, ledger and δ), ready for :meth:`embed_texts`, ``embed`` or ``trainer.predict``."""
     from safetensors.torch import load_file
 
@@ -194,7 +142,7 @@ def load_exported(folder: str | Path) -> Any:
             "The exported encoder has no spec (a custom encoder without `init_args`): build it yourself and load "
             f"{folder / meta['weights']} into it."
         )
-    module = _module_class(meta.get("class_path", "lightning_dprel.module.DPRelationalModule"))(meta["encoder"], **meta["module"])
+    module = _module_class(meta.get("class_path", "lightning_dprel.methods.relational.module.DPRelationalModule"))(meta["encoder"], **meta["module"])
     weights = load_file(str(folder / meta["weights"]))
     trainable = set(trainable_parameters(module.encoder))
     if set(weights) != trainable:
@@ -216,9 +164,9 @@ def export_main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--delta", type=float, default=None, help="δ of the report (default: the fit's, else 1/m)")
     args = parser.parse_args(argv)
-    import lightning_dprel.module  # noqa: F401 - the private modules a checkpoint may name
-    import lightning_dprel.node_module  # noqa: F401
-    from lightning_dprel.private_module import PrivateModule
+    import lightning_dprel.methods.relational.module  # noqa: F401 - the private modules a checkpoint may name
+    import lightning_dprel.methods.dp_gcn.module  # noqa: F401
+    from lightning_dprel.core.private_module import PrivateModule
 
     module = PrivateModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
     out = export_model(module, args.out, delta=args.delta)

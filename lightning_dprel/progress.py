@@ -4,7 +4,7 @@ Lightning's bars describe training as ``Epoch e/(max_epochs - 1)``, which reads 
 run (``max_epochs: -1`` with ``max_steps``, how every config here trains). :func:`step_progress_bar` gives the same
 bar (rich when installed, else tqdm) with ``Epoch e`` and a ``step t/T`` field instead; the CLI installs it
 whenever progress bars are on. :func:`chunk_progress` shows a sub-task on the trainer's bar while
-:meth:`~lightning_dprel.module.DPRelationalModule.embed` encodes many nodes chunk by chunk (a test graph, a
+:meth:`~lightning_dprel.methods.relational.module.DPRelationalModule.embed` encodes many nodes chunk by chunk (a test graph, a
 validation graph, new texts), and nothing when progress bars are off.
 """
 

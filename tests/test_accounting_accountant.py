@@ -19,7 +19,7 @@ from lightning_dprel.accounting import (
     rdp_to_epsilon,
 )
 from lightning_dprel.accounting import mechanisms as mech_mod
-from lightning_dprel.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
+from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, PrivacyUnit, SamplingSpec
 
 
 def _spec(n=20_000, m=50_000, K=3, gamma=2e-3, k=2):
@@ -138,7 +138,7 @@ def test_registry_accepts_new_mechanisms():
     name = "test_constant_mechanism"
     if name not in registered_mechanisms():
         register_mechanism(name, lambda s, sigma, orders: np.full(len(orders), 0.01 / sigma),
-                           description="test", privacy_unit="one test unit")
+                           description="test", privacy_unit=PrivacyUnit("test_unit", "one test unit"))
     acc = Accountant(name)
     acc.step(SPEC, 2.0, 10)
     np.testing.assert_allclose(acc.rdp(), 0.05)

@@ -10,7 +10,7 @@ import pytest
 
 from lightning_dprel.accounting import DEFAULT_ORDERS, epsilon_for, per_step_rdp, rdp_to_epsilon
 from lightning_dprel.accounting.cli import main
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 BASE = ["--nodes", "20000", "--edges", "50000", "--max-degree", "3", "--sampling-rate", "0.002",
         "--neg-per-pos", "2", "--steps", "2000"]

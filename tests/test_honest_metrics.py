@@ -10,9 +10,9 @@ import torch
 from test_privacy_callback import MemoryLogger, SpecDataModule, independent_eps, make_spec, module_for
 
 from lightning_dprel.callbacks import PrivacyCallback
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.randomness import KeyedStream
-from lightning_dprel.ranking import target_ranks
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.methods.relational.ranking import target_ranks
 
 
 def test_nan_and_ties_count_against_the_target():

@@ -21,7 +21,7 @@ import torch
 from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, per_step_rdp
 from lightning_dprel.accounting.analysis import coupled_rdp
 from lightning_dprel.accounting.profiles import freq_corrected_profile, standard_profile
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {"freq": freq_corrected_profile, "standard": standard_profile}
@@ -164,7 +164,7 @@ def _capping_messages(dm) -> list[str]:
 
 def test_a_far_too_large_K_warns_with_the_largest_degree():
     from lightning_dprel.demos import random_feature_graph
-    from lightning_dprel.sampling import to_simple_undirected
+    from lightning_dprel.methods.relational.sampling import to_simple_undirected
 
     graph = random_feature_graph(200, 600, seed=1)
     dm = _dm(graph, max_degree=10**6)

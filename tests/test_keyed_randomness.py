@@ -22,9 +22,9 @@ from scipy import stats
 
 from ddp_helpers import gloo_group, spawn
 from lightning_dprel.encoders import MLPEncoder
-from lightning_dprel.module import DPRelationalModule
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.methods.relational.module import DPRelationalModule
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
 
 
 def _adam_step_on_zero_gradients(noise: torch.Tensor, lr: float = 1e-3) -> torch.Tensor:

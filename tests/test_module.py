@@ -10,14 +10,15 @@ from pytorch_lightning import Callback, Trainer
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from lightning_dprel.clipping import freq_clip, standard_clip
+from lightning_dprel.core.clipping import freq_clip, standard_clip
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
-from lightning_dprel.module import DPRelationalModule, refuse_unsafe_trainer_settings, target_ranks
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.per_tuple import per_tuple_grads, tuple_inputs
-from lightning_dprel.randomness import KeyedStream
-from lightning_dprel.sampling import max_freq
+from lightning_dprel.methods.relational.module import DPRelationalModule, refuse_unsafe_trainer_settings, target_ranks
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.grad_sample.per_tuple import per_tuple_grads
+from lightning_dprel.methods.relational.batch import tuple_inputs
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.methods.relational.sampling import max_freq
 from tuple_batches import build_tuple_batch, ranking_batch, sample_coupled
 
 

@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprel.callbacks import PAPER_EQ3_WARNING, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
-from lightning_dprel.ledger import PrivacyLedger, StepRecord
-from lightning_dprel.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.core.ledger import PrivacyLedger, StepRecord
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 MECHS = ("freq_corrected", "freq_paper", "standard")
 
@@ -60,7 +60,8 @@ class BoringPrivateModule(pl.LightningModule):
         self.manual_backward(loss)
         opt.step()
         self.optimizer_steps += 1
-        self.privacy_ledger.charge(StepRecord.from_spec(self.noise_spec, self.privacy_ledger.sampling.expected_batch_size))
+        record = StepRecord.from_spec(self.noise_spec, self.privacy_ledger.sampling.expected_batch_size)
+        self.privacy_ledger.charge(record, sample=(self.current_epoch, batch_idx))  # releases on one batch: one sample
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -447,15 +448,17 @@ class TwoStepModule(BoringPrivateModule):
         super().training_step(batch, batch_idx)
 
 
-def test_two_optimizer_steps_per_batch_are_both_charged_and_looked_ahead():
+def test_two_releases_on_one_batch_are_one_sampled_step_with_sigma_over_sqrt2_and_looked_ahead():
+    """Two noised releases of one sample are one sampled Gaussian release with σ/√2, not two independent steps."""
     spec, sigma = make_spec(), 1.0
-    delta = 1.0 / spec.num_edges
-    target = 0.5 * (independent_eps("freq_corrected", spec, sigma, delta, 7) + independent_eps("freq_corrected", spec, sigma, delta, 8))
+    delta, joint = 1.0 / spec.num_edges, sigma / math.sqrt(2.0)
+    target = 0.5 * (independent_eps("freq_corrected", spec, joint, delta, 3) + independent_eps("freq_corrected", spec, joint, delta, 4))
     callback, module = PrivacyCallback(target_epsilon=target), TwoStepModule(sigma=sigma)
-    with pytest.warns(UserWarning, match="2 optimizer steps ran in one training batch"):
-        make_trainer(callback).fit(module, datamodule=SpecDataModule(spec))
-    assert module.optimizer_steps == callback.steps == 6  # a third batch (steps 7-8) would exceed
-    assert callback.epsilon <= target
+    make_trainer(callback).fit(module, datamodule=SpecDataModule(spec))
+    assert module.optimizer_steps == 6 and callback.steps == 3  # a fourth batch would exceed
+    assert callback.epsilon == pytest.approx(independent_eps("freq_corrected", spec, joint, delta, 3), rel=1e-12)
+    assert callback.epsilon > independent_eps("freq_corrected", spec, sigma, delta, 6)  # what was charged before
+    assert module.privacy_ledger.segments[-1].releases == 2
 
 
 def test_naive_bound_is_accepted_only_where_its_sensitivity_is_claimed():
@@ -513,10 +516,10 @@ def test_summary_line(mech, label):
 
 # ---------------------------------------------------------------------- our module + datamodule, plain Lightning
 def real_pair(*, sigma=1.0, calibrate_sigma=None):
-    from lightning_dprel.datamodules.relational import RelationalDataModule
+    from lightning_dprel.methods.relational.datamodule import RelationalDataModule
     from lightning_dprel.demos import random_feature_graph
     from lightning_dprel.encoders import MLPEncoder
-    from lightning_dprel.module import DPRelationalModule
+    from lightning_dprel.methods.relational.module import DPRelationalModule
 
     dm = RelationalDataModule(
         random_feature_graph(120, 400, dim=8, seed=3), max_degree=3, expected_batch_size=12.0, neg_per_pos=2,

@@ -15,11 +15,11 @@ from pytorch_lightning import Callback, Trainer
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.accounting import Accountant, get_mechanism, per_step_rdp, register_mechanism
-from lightning_dprel.budget import PrivacyBudget
+from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
-from lightning_dprel.ledger import PrivacyLedger, StepRecord
-from lightning_dprel.module import DPRelationalModule
+from lightning_dprel.core.ledger import PrivacyLedger, StepRecord
+from lightning_dprel.methods.relational.module import DPRelationalModule
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|does not have many workers|δ = ).*")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_dprel.clipping import apply_factors, freq_clip_factors, standard_clip_factors, weighted_sum
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.clipping import apply_factors, freq_clip_factors, standard_clip_factors, weighted_sum
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
 
 
 def _bad_grads() -> dict[str, torch.Tensor]:
@@ -74,7 +74,7 @@ def test_accounting_cli_names_the_mechanism_behind_a_calibrated_sigma(capsys):
 def test_accountant_refuses_tiny_noise_multiplier_quickly() -> None:
     """σ far below the tested range used to run for minutes; now it is refused, naming the parameter."""
     from lightning_dprel.accounting import per_step_rdp
-    from lightning_dprel.specs import SamplingSpec
+    from lightning_dprel.core.specs import SamplingSpec
 
     spec = SamplingSpec(num_nodes=1000, num_edges=2000, max_degree=3, sampling_rate=0.01, neg_per_pos=2,
                         expected_batch_size=20.0, steps_per_epoch=100)
@@ -86,7 +86,7 @@ def test_accountant_refuses_tiny_noise_multiplier_quickly() -> None:
 def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
     """δ = 1/m (the paper's default) can exceed 1/n for an entity-level unit; the callback says so."""
     from lightning_dprel.callbacks import PrivacyCallback
-    from lightning_dprel.specs import SamplingSpec
+    from lightning_dprel.core.specs import SamplingSpec
 
     few_edges = SamplingSpec(num_nodes=1000, num_edges=500, max_degree=3, sampling_rate=0.02, neg_per_pos=2,
                              expected_batch_size=10.0, steps_per_epoch=50)

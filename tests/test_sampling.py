@@ -1,7 +1,7 @@
 """Tests of the coupled sampling primitives (Algorithms 1-3): invariants, seeded statistics, references.
 
 The statistical tests run on both sources the functions accept: a torch.Generator and the keyed CSPRNG
-stream the datamodule uses (:class:`~lightning_dprel.randomness.KeyedStream`)."""
+stream the datamodule uses (:class:`~lightning_dprel.core.randomness.KeyedStream`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy import stats
 
-from lightning_dprel.randomness import KeyedStream
-from lightning_dprel.ranking import sample_eval_candidates
-from lightning_dprel.sampling import (
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.methods.relational.ranking import sample_eval_candidates
+from lightning_dprel.methods.relational.sampling import (
     cap_degree,
     edge_priority,
     max_freq,

@@ -15,7 +15,7 @@ from lightning_dprel.cli import main
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import WORDS, random_feature_graph, random_text_graph
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter, TextEncoder
-from lightning_dprel.module import DPRelationalModule
+from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.transforms import EmbedText, embed_texts
 
 NOISE_SEED, SAMPLING_SEED = 987654321, 123456789

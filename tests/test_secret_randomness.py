@@ -19,12 +19,12 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_dprel.datamodules import RelationalDataModule
-from lightning_dprel.datamodules.relational import held_out_mask
+from lightning_dprel.methods.relational.datamodule import held_out_mask
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
-from lightning_dprel.module import DPRelationalModule
-from lightning_dprel.optim import DPOptimizer
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.methods.relational.module import DPRelationalModule
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
 from ddp_helpers import gloo_group, spawn
 from tuple_batches import build_tuple_batch, sample_coupled
 
@@ -58,7 +58,7 @@ def test_module_noise_seed_defaults_to_none_and_explicit_seed_warns():
 
 
 def test_secret_noise_key_comes_from_urandom(monkeypatch):
-    import lightning_dprel.randomness as rnd
+    import lightning_dprel.core.randomness as rnd
 
     calls = []
     real = rnd.os.urandom

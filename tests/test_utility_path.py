@@ -13,7 +13,7 @@ from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.datasets import GraphPair, GraphSource
 from lightning_dprel.demos import random_feature_graph, random_text_graph
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter
-from lightning_dprel.module import DPRelationalModule
+from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.transforms import EmbedText
 
 
@@ -245,7 +245,7 @@ def test_directed_datamodule_keeps_the_data_orientation():
 
 
 def test_directed_cosine_scores_and_tuple_negatives():
-    from lightning_dprel.losses import pair_scores, score_matrix, tuple_scores
+    from lightning_dprel.methods.relational.losses import pair_scores, score_matrix, tuple_scores
 
     g = torch.Generator().manual_seed(0)
     h = torch.randn(5, 2, 6, generator=g).reshape(5, 12)  # [src ‖ dst] views
@@ -271,7 +271,7 @@ def test_directed_adapter_starts_at_the_base_cosine():
     a = ResidualAdapter(12, rank=3, directed=True)
     h = a(x)
     assert h.shape == (9, 24)
-    from lightning_dprel.losses import score_matrix
+    from lightning_dprel.methods.relational.losses import score_matrix
 
     torch.testing.assert_close(score_matrix(h, h, score="directed_cosine"), score_matrix(x, x, score="cosine"))
     frozen_down = ResidualAdapter(12, rank=3, train_down=False)

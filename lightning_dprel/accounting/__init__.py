@@ -2,7 +2,7 @@
 
 Pure mathematics (``analysis/``, ``profiles``, ``conversion``) is apart from bookkeeping (``Accountant``);
 ``mechanisms`` maps names to per-step RDP functions; ``curves`` gives ε over time as data (and a plot).
-Privacy unit: :data:`lightning_dprel.specs.PRIVACY_UNIT`.
+Privacy unit: :data:`lightning_dprel.core.specs.PRIVACY_UNIT`.
 """
 
 from lightning_dprel.accounting.accountant import Accountant

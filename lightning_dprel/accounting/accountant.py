@@ -22,7 +22,7 @@ from lightning_dprel.accounting.mechanisms import (
     get_mechanism,
 )
 from lightning_dprel.accounting.orders import as_orders
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["Accountant"]
 
@@ -63,19 +63,19 @@ class Accountant:
         self._c1, self._c2 = conversion_constants(self._orders)
 
     def _reset(self) -> None:
-        self._history: list[list[Any]] = []  # [SamplingSpec, σ, count]
+        self._history: list[list[Any]] = []  # [SamplingSpec, σ, count, mechanism]
         self._closed = np.zeros_like(self._orders)  # Σ count·rdp over every run but the last
         self._last_rdp = np.zeros_like(self._orders)
         self._steps = 0
 
-    def _record(self, sampling: SamplingSpec, sigma: float, rdp: np.ndarray, num_steps: int) -> None:
+    def _record(self, sampling: SamplingSpec, sigma: float, rdp: np.ndarray, num_steps: int, mechanism: str) -> None:
         last = self._history[-1] if self._history else None
-        if last is not None and last[0] == sampling and last[1] == sigma:
+        if last is not None and last[0] == sampling and last[1] == sigma and last[3] == mechanism:
             last[2] += num_steps
         else:
             if last is not None:
                 self._closed = self._closed + last[2] * self._last_rdp
-            self._history.append([sampling, sigma, num_steps])
+            self._history.append([sampling, sigma, num_steps, mechanism])
             self._last_rdp = rdp
         self._steps += num_steps
 
@@ -93,15 +93,18 @@ class Accountant:
     @property
     def history(self) -> list[tuple[SamplingSpec, float, int]]:
         """Run-length history as (SamplingSpec, σ, count) tuples (a copy)."""
-        return [(s, sig, n) for s, sig, n in self._history]
+        return [(s, sig, n) for s, sig, n, _ in self._history]
 
-    def step(self, sampling: SamplingSpec, noise_multiplier: float, num_steps: int = 1) -> None:
+    def step(self, sampling: SamplingSpec | None, noise_multiplier: float, num_steps: int = 1, *,
+             mechanism: str | None = None) -> None:
         """Record ``num_steps`` steps of Algorithm 3 with this sampling and σ (validated first; a failed call
-        leaves the state unchanged)."""
+        leaves the state unchanged). ``mechanism`` composes a release of another registered mechanism (a ledger of
+        several kinds of event); default this accountant's."""
         num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
-        rdp = _lookup(self.mechanism, sampling, sigma, self._key)
-        self._record(sampling, sigma, rdp, num_steps)
+        name = self.mechanism if mechanism is None else mechanism
+        rdp = _lookup(name, sampling, sigma, self._key)
+        self._record(sampling, sigma, rdp, num_steps, name)
 
     def rdp(self) -> np.ndarray:
         """The composed RDP curve over :attr:`orders` (a copy)."""
@@ -125,7 +128,7 @@ class Accountant:
         sigma = check_noise_multiplier(noise_multiplier)
         rdp = _lookup(self.mechanism, sampling, sigma, self._key)
         last = self._history[-1] if self._history else None
-        if last is not None and last[0] == sampling and last[1] == sigma:
+        if last is not None and last[0] == sampling and last[1] == sigma and last[3] == self.mechanism:
             total = self._closed + (last[2] + num_steps) * self._last_rdp
         elif last is not None:
             total = (self._closed + last[2] * self._last_rdp) + num_steps * rdp
@@ -140,8 +143,9 @@ class Accountant:
             "privacy_unit": self.privacy_unit,
             "orders": [float(a) for a in self._orders],
             "history": [
-                {"sampling": s.to_dict(), "noise_multiplier": float(sig), "steps": int(n)}
-                for s, sig, n in self._history
+                {"sampling": None if s is None else s.to_dict(), "noise_multiplier": float(sig), "steps": int(n),
+                 **({} if m == self.mechanism else {"mechanism": m})}
+                for s, sig, n, m in self._history
             ],
         }
 
@@ -164,7 +168,8 @@ class Accountant:
         state = copy.deepcopy(state_dict)
         fresh = Accountant(self.mechanism, orders=state["orders"])
         for run in state["history"]:  # replay on a fresh object: a bad entry leaves self unchanged
-            fresh.step(SamplingSpec(**run["sampling"]), run["noise_multiplier"], int(run["steps"]))
+            sampling = None if run["sampling"] is None else SamplingSpec(**run["sampling"])
+            fresh.step(sampling, run["noise_multiplier"], int(run["steps"]), mechanism=run.get("mechanism"))
         self.__dict__.update(fresh.__dict__)
 
     def __repr__(self) -> str:

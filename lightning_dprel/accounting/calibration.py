@@ -14,7 +14,7 @@ from lightning_dprel.accounting.analysis.binomial import bisect_int
 from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
 from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, check_step_count
 from lightning_dprel.accounting.orders import as_orders
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["noise_multiplier_for", "max_steps_for", "epsilon_for"]
 

@@ -23,7 +23,7 @@ import numpy as np
 from lightning_dprel.accounting.calibration import epsilon_for, noise_multiplier_for
 from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import get_mechanism
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["main", "build_parser", "mechanism_name", "epsilon_curve", "plot_comparison", "warn_delta"]
 

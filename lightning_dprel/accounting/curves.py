@@ -21,7 +21,7 @@ from lightning_dprel.accounting.mechanisms import (
     check_noise_multiplier,
 )
 from lightning_dprel.accounting.orders import as_orders
-from lightning_dprel.specs import SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["epsilon_curve", "plot_epsilon_curve"]
 

@@ -4,7 +4,7 @@ Each canary is an entity: a node with random dense features and K relations to i
 are in both worlds). Its secret coin (:func:`~lightning_dprel.audit.canaries.secret_coins`) decides whether the
 node and its K relations are in the training graph or absent, node included (the entity-level neighbouring
 relation: negatives are drawn from the node set, so an absent canary cannot be one). The graph is trained with
-:class:`~lightning_dprel.module.DPRelationalModule` through a Lightning ``Trainer`` on the library's own
+:class:`~lightning_dprel.methods.relational.module.DPRelationalModule` through a Lightning ``Trainer`` on the library's own
 :class:`~lightning_dprel.datamodules.RelationalDataModule` (secret Poisson sampling, secret noise, σ calibrated by
 :class:`~lightning_dprel.callbacks.PrivacyCallback` from each world's own m); only the final encoder is scored:
 a canary's score is the mean score of its K relations against the scores it gives the other canaries' partners,
@@ -40,12 +40,12 @@ from lightning_dprel.audit.runner import PROVEN_MECHANISM
 from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
 from lightning_dprel.callbacks.privacy import PrivacyCallback
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
-from lightning_dprel.datamodules.relational import RelationalDataModule
+from lightning_dprel.methods.relational.datamodule import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
-from lightning_dprel.losses import pair_scores
-from lightning_dprel.module import DPRelationalModule
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.methods.relational.losses import pair_scores
+from lightning_dprel.methods.relational.module import DPRelationalModule
+from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = [
     "SCORES",

@@ -2,7 +2,7 @@
 
 A canary is a node with its relations. Its coin decides, before training, whether the node and every one of
 its edges are in the training graph (in) or absent from it, node included (out): the entity-level
-neighbouring relation of :data:`lightning_dprel.specs.PRIVACY_UNIT`. Coins are fair, independent and drawn
+neighbouring relation of :data:`lightning_dprel.core.specs.PRIVACY_UNIT`. Coins are fair, independent and drawn
 from the cryptographic keyed stream, so nothing the training run sees predicts them.
 
 Two designs of *gradient canaries* (the white-box, DP-SGD threat model: the adversary chooses each tuple's
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "check_int", "secret_coins"]
 
@@ -43,7 +43,7 @@ def secret_coins(m: int, *, stream: KeyedStream | None = None) -> Tensor:
         raise ValueError(f"The number of canaries must be an int >= 1, got {m!r}.")
     if stream is not None and not isinstance(stream, KeyedStream):
         raise TypeError(
-            f"`stream` must be a lightning_dprel.randomness.KeyedStream, got {type(stream).__name__}: coins from a "
+            f"`stream` must be a lightning_dprel.core.randomness.KeyedStream, got {type(stream).__name__}: coins from a "
             "seeded torch/numpy generator can be predicted by the training run."
         )
     stream = stream if stream is not None else KeyedStream.secret("audit-coins")

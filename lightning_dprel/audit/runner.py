@@ -24,7 +24,7 @@ from lightning_dprel.audit.bounds import (
 )
 from lightning_dprel.audit.canaries import CanaryGraph, secret_coins
 from lightning_dprel.audit.whitebox import WhiteBoxSetting, canary_scores, sampling_spec
-from lightning_dprel.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["PROVEN_MECHANISM", "AuditRecord", "audit_setting", "proven_epsilons"]
 

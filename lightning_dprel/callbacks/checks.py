@@ -6,10 +6,11 @@ import math
 from typing import Any, Optional
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
-from lightning_dprel.ledger import PrivacyLedger
-from lightning_dprel.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 def positive_finite(name: str, value: Any, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -57,13 +58,13 @@ def _fact(pl_module: "pl.LightningModule", name: str, kind: type, what: str, rem
 
 
 def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
-    return _fact(pl_module, "noise_spec", NoiseSpec, "a lightning_dprel.specs.NoiseSpec (σ, C, clipping, accounting)",
+    return _fact(pl_module, "noise_spec", NoiseSpec, "a lightning_dprel.core.specs.NoiseSpec (σ, C, clipping, accounting)",
                  "Use DPRelationalModule or add a `noise_spec` property to your module.")
 
 
 def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
     return _fact(pl_module, "privacy_ledger", PrivacyLedger,
-                 "a lightning_dprel.ledger.PrivacyLedger (what the model spent)",
+                 "a lightning_dprel.core.ledger.PrivacyLedger (what the model spent)",
                  "Use DPRelationalModule, or hold a PrivacyLedger and charge it with "
                  "DPOptimizer.attach_step_hook(ledger.charge).")
 
@@ -73,7 +74,7 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
     found = getattr(datamodule, "sampling_spec", None) if datamodule is not None else None
     if found is not None and not isinstance(found, SamplingSpec):
         raise TypeError(
-            f"`trainer.datamodule.sampling_spec` must be a lightning_dprel.specs.SamplingSpec, got "
+            f"`trainer.datamodule.sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec, got "
             f"{type(found).__name__}."
         )
     if found is not None and explicit is not None and found != explicit:
@@ -90,6 +91,21 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
             "datamodule, or pass PrivacyCallback(sampling_spec=...)."
         )
     return spec
+
+
+def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool) -> float:
+    """δ, by default for entities the paper's 1/m (capped relations), for other units 1/(10·N); warns if δ ≥ 1/N units."""
+    unit, n = sampling.unit, sampling.units
+    if delta is None:
+        delta = 1.0 / sampling.num_edges if unit.name == "entity" else 1.0 / (10 * n)
+    if warn and delta >= 1.0 / n:
+        rank_zero_warn(
+            f"PrivacyCallback: δ = {delta:.3g} is not below 1/n = {1.0 / n:.3g} (n = {n} {unit.counted_as}). "
+            f"The privacy unit is {unit.name!r}, so a δ ≥ 1/n allows releasing one unit outright; pass a smaller "
+            "`delta` (e.g. 1/(10·n)) for a meaningful guarantee.",
+            category=UserWarning,
+        )
+    return delta
 
 
 def check_private(noise: NoiseSpec, target_epsilon: Optional[float]) -> None:

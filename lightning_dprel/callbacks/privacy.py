@@ -19,12 +19,13 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for, registered_mechanisms
-from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING, check_accounting_choice, check_module_mechanism
-from lightning_dprel.budget import PrivacyBudget
-from lightning_dprel.ledger import PrivacyLedger
-from lightning_dprel.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING, check_accounting_choice, check_module_mechanism, check_unit
+from lightning_dprel.core.events import effective_noise_multiplier
+from lightning_dprel.core.budget import PrivacyBudget
+from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_private, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
+from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_private, resolve_delta, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -46,7 +47,7 @@ class PrivacyCallback(Callback):
     Logged after every step: ``epsilon`` (loggers and progress bar) and ``delta`` (loggers);
     ``noise_multiplier`` once when calibrated. A one-line summary is logged at the end of fit (rank zero).
 
-    Budget: after step t it asks :class:`~lightning_dprel.budget.PrivacyBudget` whether step t+1 fits; if
+    Budget: after step t it asks :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits; if
     not it sets ``trainer.should_stop`` (agreed across ranks by ``reduce_boolean_decision``), which Lightning
     reads before the next batch, so no step beyond the budget runs; ``min_epochs``/``min_steps`` would
     override it and are refused. A fresh model whose first step exceeds the budget raises; a model whose
@@ -54,14 +55,16 @@ class PrivacyCallback(Callback):
 
     Args:
         target_epsilon: the ε budget; ``None`` only tracks and logs ε.
-        delta: δ of the (ε, δ) guarantee; default 1/m, m the number of capped training edges.
+        delta: δ of the (ε, δ) guarantee; default for the entity unit 1/m, m the number of capped training edges
+            (the paper's), for other units 1/(10·N), N the number of privacy units (``SamplingSpec.units``, e.g.
+            private nodes). A δ ≥ 1/N warns.
         mechanism: the accountant mechanism; default the module's ``noise_spec.mechanism``. Given
             explicitly, it must be the module's or stand in for it (``"naive"``, α/(2σ²), Δ ≡ C, only for
             the paper's FREQ-CLIP accounting).
         calibrate: choose σ at fit start so that the planned steps (``trainer.estimated_stepping_batches``
             minus the trainer's ``global_step``), composed with what the model already spent, end at most at
             ``target_epsilon``; set with ``pl_module.set_noise_multiplier`` (a new σ is a new ledger segment).
-        sampling_spec: the :class:`~lightning_dprel.specs.SamplingSpec` for projects without a datamodule
+        sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for projects without a datamodule
             that exposes one; if both exist they must be equal.
         orders: Rényi orders for the accountant (default: the accountant's).
 
@@ -118,7 +121,7 @@ class PrivacyCallback(Callback):
             raise ValueError("`calibrate=True` chooses σ from the budget and needs `target_epsilon`, got None.")
         if sampling_spec is not None and not isinstance(sampling_spec, SamplingSpec):
             raise TypeError(
-                f"`sampling_spec` must be a lightning_dprel.specs.SamplingSpec or None, got "
+                f"`sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec or None, got "
                 f"{type(sampling_spec).__name__}."
             )
         self.target_epsilon = target_epsilon
@@ -137,7 +140,8 @@ class PrivacyCallback(Callback):
         self._calibrated_sigma: Optional[float] = None
         self._sampling: Optional[SamplingSpec] = None
         self._ledger: Optional[PrivacyLedger] = None
-        self._lookahead = 1  # optimizer steps per training batch, as last observed
+        self._lookahead = 1  # samples (steps) per training batch, as last observed
+        self._releases = 1  # noised sums released per sample, as last observed
         self._steps_seen = 0  # the ledger's private steps at the last batch end
         self._warned: set[str] = set()
 
@@ -171,8 +175,8 @@ class PrivacyCallback(Callback):
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         sampling, noise = self._read_facts(trainer, pl_module)
         self._ledger = ledger_of(pl_module)
-        self._ledger.check_mechanism(noise.mechanism, noise.clipping)
         self._ledger.open(sampling)
+        self._ledger.check_mechanism(noise.mechanism, noise.clipping)
         self._steps_seen = self._ledger.private_steps
         self._resolve_delta(sampling)
         if self.calibrate:
@@ -200,12 +204,8 @@ class PrivacyCallback(Callback):
         new_steps, self._steps_seen = steps - self._steps_seen, steps
         if new_steps <= 0:
             return
-        if new_steps > 1 and self._lookahead == 1:
-            rank_zero_warn(
-                f"PrivacyCallback: {new_steps} optimizer steps ran in one training batch; each is charged as a "
-                "full step of the SamplingSpec (conservative). Modules should take one step per batch."
-            )
         self._lookahead = new_steps
+        self._releases = self._ledger.last_releases
         self.noise_multiplier = self._ledger.last_noise_multiplier
         epsilon = self.epsilon
         self.history.append((steps, epsilon))
@@ -221,7 +221,7 @@ class PrivacyCallback(Callback):
                 f"{self.steps} steps: a step ran after the callback set `trainer.should_stop`. Do not reset "
                 "`trainer.should_stop` or call `fit` again without raising the budget."
             )
-        sigma = float(noise_spec_of(pl_module).noise_multiplier)
+        sigma = self._next_sigma(pl_module)
         composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
@@ -274,6 +274,11 @@ class PrivacyCallback(Callback):
         self.history = [(int(t), float(e)) for t, e in state_dict.get("history", [])]
 
     # ------------------------------------------------------------------ fit-start steps
+    def _next_sigma(self, pl_module: "pl.LightningModule") -> float:
+        """σ the next step will be charged: σ_eff of as many releases on one sample as the last step made."""
+        sigma = float(noise_spec_of(pl_module).noise_multiplier)
+        return effective_noise_multiplier([sigma] * self._releases)
+
     def _budget(self) -> PrivacyBudget:
         return PrivacyBudget(self.target_epsilon, self.delta)
 
@@ -287,6 +292,7 @@ class PrivacyCallback(Callback):
                 "PrivacyCallback from the trainer."
             )
         check_module_mechanism(noise.mechanism, noise.clipping)
+        check_unit(noise.mechanism, sampling.privacy_unit)
         mechanism = self._mechanism_arg or noise.mechanism
         check_accounting_choice(noise.mechanism, mechanism)
         if self.mechanism is not None and self.mechanism != mechanism:
@@ -299,16 +305,8 @@ class PrivacyCallback(Callback):
         return sampling, noise
 
     def _resolve_delta(self, sampling: SamplingSpec) -> None:
-        if self.delta is None:
-            self.delta = 1.0 / sampling.num_edges  # the paper's δ = 1/|E_train|, edges after capping
-        if self.delta >= 1.0 / sampling.num_nodes and "delta" not in self._warned:
-            self._warned.add("delta")
-            rank_zero_warn(
-                f"PrivacyCallback: δ = {self.delta:.3g} is not below 1/n = {1.0 / sampling.num_nodes:.3g} (n = "
-                f"{sampling.num_nodes} entities). The privacy unit is an entity, so a δ ≥ 1/n allows releasing "
-                "one entity outright; pass a smaller `delta` (e.g. 1/(10·n)) for a meaningful guarantee.",
-                category=UserWarning,
-            )
+        self.delta = resolve_delta(self.delta, sampling, warn="delta" not in self._warned)
+        self._warned.add("delta")
 
     def _apply_calibration(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", sampling: SamplingSpec) -> None:
         setter = sigma_setter_of(pl_module)
@@ -333,7 +331,7 @@ class PrivacyCallback(Callback):
             logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
-        sigma = float(noise.noise_multiplier)
+        sigma = effective_noise_multiplier([float(noise.noise_multiplier)] * self._releases)
         stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma)
         if not stop:
             return

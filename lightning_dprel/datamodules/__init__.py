@@ -1,7 +1,26 @@
-"""Datamodules that turn graphs into the batches the entity-level privacy analysis assumes."""
+"""Datamodules of every method, and the offline graph sources they read (:mod:`~lightning_dprel.datamodules.datasets`).
 
-from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource, PyGSource
-from lightning_dprel.datamodules.node import NodeSplitDataModule
-from lightning_dprel.datamodules.relational import RelationalDataModule
+Lazy: each datamodule lives in its method's package (``lightning_dprel.methods.<method>.datamodule``) and loads on
+first use, so a method's datamodule may import the sources here without a cycle.
+"""
 
-__all__ = ["GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "NodeSplitDataModule"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "GraphPair": "lightning_dprel.datamodules.datasets.base",
+    "GraphSource": "lightning_dprel.datamodules.datasets.base",
+    "PyGSource": "lightning_dprel.datamodules.datasets.base",
+    "RelationalDataModule": "lightning_dprel.methods.relational.datamodule",
+    "NodeSplitDataModule": "lightning_dprel.methods.dp_gcn.datamodule",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lightning_dprel.datamodules' has no attribute {name!r}")

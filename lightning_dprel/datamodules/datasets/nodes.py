@@ -5,11 +5,15 @@
 * :class:`SyntheticNodes` — a planted-partition graph with class-dependent features (seconds, for tests and the tiny
   config).
 
-The train/val/test split is public (a seeded permutation): only the training nodes are private.
+The train/val/test split is public: only the training nodes are private. Every source sets ``data.node_id`` (int64,
+unique): a stable public id (the synset offset for WordNet). Masks, the WordNet subset and the DP-GCN split are functions
+of a node's id alone (a hash of it), never of its row number or of which other nodes exist, so deleting a node moves no
+other (Igamberdiev & Habernal 2022, Section 4: a node lies in one subgraph). Give your own graphs stable ids.
 """
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 
 import torch
@@ -18,21 +22,49 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
+from lightning_dprel.methods.dp_gcn.graph_splits import check_node_ids, public_id_uniforms
 
-__all__ = ["NodeSource", "WordNetNodes", "SyntheticNodes", "InMemoryNodes", "public_masks"]
+__all__ = ["NodeSource", "WordNetNodes", "SyntheticNodes", "InMemoryNodes", "public_masks", "public_subset", "stable_node_ids",
+           "WORDNET_NOUNS"]
+
+#: Noun synsets in WordNet 3.0 (a public constant): ``max_nodes`` keeps each synset with probability max_nodes / this.
+WORDNET_NOUNS = 82_115
 
 
-def public_masks(num_nodes: int, *, val: float = 0.1, test: float = 0.1, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """Train / val / test masks from a seeded permutation (public: they decide nothing about the private data)."""
+def _ids(node_ids: Tensor | int) -> Tensor:
+    return torch.arange(node_ids) if isinstance(node_ids, int) else check_node_ids(node_ids)
+
+
+def public_masks(node_ids: Tensor | int, *, val: float = 0.1, test: float = 0.1, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Train / val / test masks by a seeded public hash u(id): val iff u < val, test iff val ≤ u < val + test.
+
+    Each node's mask depends on its id alone (sizes are Binomial, val/test/train in expectation). An int n means
+    ids 0..n−1 (row numbers: stable only if rows never move).
+    """
     if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
         raise ValueError(f"`val` and `test` must be fractions in (0, 1) with val + test < 1, got {val}, {test}.")
-    perm = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(int(seed)))
-    n_val, n_test = int(round(val * num_nodes)), int(round(test * num_nodes))
-    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
-    masks[1][perm[:n_val]] = True
-    masks[2][perm[n_val : n_val + n_test]] = True
-    masks[0][perm[n_val + n_test :]] = True
-    return masks[0], masks[1], masks[2]
+    u = public_id_uniforms(_ids(node_ids), seed, "train-val-test")
+    is_val, is_test = u < val, (u >= val) & (u < val + test)
+    return ~(is_val | is_test), is_val, is_test
+
+
+def public_subset(node_ids: Tensor | int, fraction: float, *, seed: int = 0) -> Tensor:
+    """Keep a node iff a seeded public hash u(id) < fraction: the subset depends on each id alone (expected size fraction·n)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"`fraction` must be in (0, 1], got {fraction}.")
+    return public_id_uniforms(_ids(node_ids), seed, "subset") < fraction
+
+
+def stable_node_ids(data: Data, name: str = "graph") -> Tensor:
+    """``data.node_id`` checked (int64, unique, one per node); row numbers with a warning when the graph has none."""
+    ids = getattr(data, "node_id", None)
+    if ids is None:
+        warnings.warn(
+            f"{name}: the graph has no `node_id`, so row numbers serve as node ids. Splits then follow the row order and "
+            "deleting a node and renumbering the rows moves other nodes; set `data.node_id` to stable, unique int64 ids "
+            "(e.g. database keys) for the node-level guarantee under add/remove of a node.", UserWarning, stacklevel=3)
+        return torch.arange(data.num_nodes)
+    return check_node_ids(ids, data.num_nodes)
 
 
 class NodeSource(ABC):
@@ -40,7 +72,7 @@ class NodeSource(ABC):
 
     @abstractmethod
     def load(self) -> Data:
-        """``Data(x, y, edge_index, train_mask, val_mask, test_mask)`` with ``num_classes`` set."""
+        """``Data(x, y, edge_index, train_mask, val_mask, test_mask, node_id)`` with ``num_classes`` set."""
 
 
 class SyntheticNodes(NodeSource):
@@ -70,8 +102,9 @@ class SyntheticNodes(NodeSource):
             dst[i] = pool[torch.randint(0, pool.numel(), (1,), generator=g)]
         keep = src != dst
         edge_index = to_undirected(torch.stack([src[keep], dst[keep]]), num_nodes=n)
-        train, val, test = public_masks(n, seed=self.seed)
-        return Data(x=x, y=y, edge_index=edge_index, train_mask=train, val_mask=val, test_mask=test, num_classes=c)
+        node_id = torch.arange(n)  # the generator's own numbering is the stable id
+        train, val, test = public_masks(node_id, seed=self.seed)
+        return Data(x=x, y=y, edge_index=edge_index, train_mask=train, val_mask=val, test_mask=test, node_id=node_id, num_classes=c)
 
     def __repr__(self) -> str:
         return f"SyntheticNodes(n={self.num_nodes}, classes={self.num_classes}, homophily={self.homophily})"
@@ -81,7 +114,8 @@ class WordNetNodes(NodeSource):
     """WordNet nouns: classify a synset's lexicographer file from its text embedding and its neighbours.
 
     Args:
-        max_nodes: keep a seeded random subset of this many synsets (None: all 82,115).
+        max_nodes: keep each synset iff a seeded hash of its offset falls below max_nodes / 82,115 (WordNet 3.0's noun
+            count): about this many synsets (Binomial), each kept or not by its own offset (None: all).
         embed_model: the frozen text encoder of :class:`~lightning_dprel.transforms.EmbedText`.
         max_length: tokens per text.
         seed: the public subset and train/val/test split.
@@ -98,18 +132,19 @@ class WordNetNodes(NodeSource):
         from lightning_dprel.transforms import EmbedText
 
         synsets = parse_wordnet_nouns(self.wordnet_dir)
-        offsets = sorted(synsets)
-        if self.max_nodes is not None and self.max_nodes < len(offsets):
-            pick = torch.randperm(len(offsets), generator=torch.Generator().manual_seed(self.seed))[: self.max_nodes]
-            offsets = [offsets[i] for i in sorted(pick.tolist())]
+        offsets = sorted(synsets)  # the row order only: nothing below is decided by it
+        if self.max_nodes is not None and self.max_nodes < WORDNET_NOUNS:
+            keep = public_subset(torch.tensor([int(o) for o in offsets]), self.max_nodes / WORDNET_NOUNS, seed=self.seed)
+            offsets = [o for o, k in zip(offsets, keep.tolist()) if k]
         index = {o: i for i, o in enumerate(offsets)}
-        labels = sorted({synsets[o][0] for o in offsets})
+        labels = sorted({lex for lex, _, _ in synsets.values()})  # the file's classes, not the subset's
         y = torch.tensor([labels.index(synsets[o][0]) for o in offsets])
         pairs = [(index[o], index[t]) for o in offsets for t in synsets[o][2] if t in index and t != o]
         edge_index = to_undirected(torch.tensor(pairs, dtype=torch.long).t().reshape(2, -1), num_nodes=len(offsets))
         x = EmbedText(self.embed_model, max_length=self.max_length).embeddings([synsets[o][1] for o in offsets])
-        train, val, test = public_masks(len(offsets), seed=self.seed)
-        return Data(x=x, y=y, edge_index=edge_index, train_mask=train, val_mask=val, test_mask=test,
+        node_id = torch.tensor([int(o) for o in offsets], dtype=torch.long)  # the synset offset: stable and public
+        train, val, test = public_masks(node_id, seed=self.seed)
+        return Data(x=x, y=y, edge_index=edge_index, train_mask=train, val_mask=val, test_mask=test, node_id=node_id,
                     num_classes=len(labels), class_names=labels)
 
     def __repr__(self) -> str:
@@ -117,8 +152,12 @@ class WordNetNodes(NodeSource):
 
 
 class InMemoryNodes(NodeSource):
-    """Your own graph: a ``Data`` with ``x``, ``y``, ``edge_index``, ``train_mask``, ``val_mask``, ``test_mask``
-    (``num_classes`` is taken from ``y`` when missing)."""
+    """Your own graph: a ``Data`` with ``x``, ``y``, ``edge_index``, ``train_mask``, ``val_mask``, ``test_mask`` and
+    ``node_id`` (``num_classes`` is taken from ``y`` when missing).
+
+    ``node_id`` should be stable, unique int64 ids (e.g. database keys): the DP-GCN split hashes them. Without it the
+    row numbers serve as ids, with a warning; duplicate ids are refused.
+    """
 
     def __init__(self, data: Data, name: str = "in-memory graph") -> None:
         if not isinstance(data, Data):
@@ -127,9 +166,13 @@ class InMemoryNodes(NodeSource):
 
     def load(self) -> Data:
         data = self.data
-        if getattr(data, "num_classes", None) is None and getattr(data, "y", None) is not None:
+        ids = stable_node_ids(data, self.name)
+        needs_classes = getattr(data, "num_classes", None) is None and getattr(data, "y", None) is not None
+        if needs_classes or getattr(data, "node_id", None) is not ids:  # never modify the caller's graph
             data = data.clone()
-            data.num_classes = int(data.y.max()) + 1
+            data.node_id = ids
+            if needs_classes:
+                data.num_classes = int(data.y.max()) + 1
         return data
 
     def __repr__(self) -> str:

@@ -1,0 +1,21 @@
+"""Releases that are not optimizer steps: a Gaussian release of a statistic whose sensitivity the caller states for a
+unit (Mironov 2017, Prop. 7: α/(2σ²) per release; the unit is the event's, checked by the ledger)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_dprel.accounting.registry import register_mechanism
+from lightning_dprel.core.specs import SamplingSpec
+
+__all__: list[str] = []
+
+
+def _gaussian(sampling: SamplingSpec | None, sigma: float, orders: np.ndarray) -> np.ndarray:
+    return np.asarray(orders, dtype=float) / (2.0 * sigma * sigma)
+
+
+register_mechanism(
+    "gaussian", _gaussian, coupled=False, privacy_unit=None, needs_sampling=False, label="Gaussian release",
+    description="Gaussian mechanism on a statistic of sensitivity ≤ C for the event's unit, noise σ·C: α/(2σ²)",
+)

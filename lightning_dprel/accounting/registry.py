@@ -1,0 +1,259 @@
+"""The mechanism registry: name → pure function (SamplingSpec, σ, orders) → per-step RDP, and its checks.
+
+The :class:`~lightning_dprel.accounting.accountant.Accountant` only composes what these functions return, so a new
+mechanism is one :func:`register_mechanism` call, which states the :class:`~lightning_dprel.core.specs.PrivacyUnit` its
+bound is proven for (a run whose data is sampled for another unit is refused by :func:`check_unit`). Per-step curves
+are cached per (mechanism, SamplingSpec, σ, orders): after the first call a lookup costs microseconds. The built-in
+mechanisms are grouped by method in :mod:`lightning_dprel.accounting.mechanisms`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from lightning_dprel.accounting.orders import DEFAULT_ORDERS, as_orders
+from lightning_dprel.core.specs import ENTITY, PrivacyUnit, SamplingSpec, privacy_unit
+
+__all__ = [
+    "Mechanism", "RdpFunction", "register_mechanism", "get_mechanism", "registered_mechanisms", "privacy_unit_of",
+    "check_module_mechanism", "check_unit", "check_accounting_choice", "check_step_count", "check_noise_multiplier",
+    "check_sampling", "per_step_rdp", "SIGMA_FLOOR",
+]
+
+#: (sampling, noise_multiplier, orders) → per-step RDP at those orders.
+RdpFunction = Callable[[SamplingSpec, float, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A registered accounting mechanism.
+
+    Attributes:
+        name: registry key.
+        rdp: pure function (SamplingSpec, σ, orders) → per-step RDP (array like orders, ≥ 0).
+        description: one line naming the bound (and its equation) for reports.
+        unit: the :class:`~lightning_dprel.core.specs.PrivacyUnit` the bound is proven for (what neighbouring datasets
+            differ by); ``None`` only for a release whose event states its unit (a Gaussian release of a statistic).
+        coupled: True if it needs Algorithm 2's constraint k·γ·m ≤ n.
+        label: the short name reports print next to an ε.
+        clipping: the module clipping modes (``NoiseSpec.clipping``) whose sensitivity this bound covers;
+            empty for mechanisms that only a standalone accountant uses.
+        accounting: the ``NoiseSpec.accounting`` value that selects it (None: only by name, e.g. through
+            ``PrivacyCallback(mechanism=...)``).
+        warning: warned once when a run is accounted with it (e.g. a bound that does not hold).
+        stands_in_for: other mechanisms whose runs ``PrivacyCallback(mechanism=name)`` may account with
+            this bound instead (``naive`` for the paper's Eq. 3 reading of FREQ-CLIP, as in its Figure 2).
+    """
+
+    name: str
+    rdp: RdpFunction
+    description: str
+    unit: PrivacyUnit | None = ENTITY
+    coupled: bool = True
+    label: str = ""
+    clipping: tuple[str, ...] = ()
+    accounting: str | None = None
+    warning: str | None = None
+    stands_in_for: tuple[str, ...] = ()
+    needs_sampling: bool = True
+
+    @property
+    def privacy_unit(self) -> str:
+        """The unit's description (what reports print)."""
+        return "the unit its event states" if self.unit is None else str(self.unit)
+
+
+_REGISTRY: dict[str, Mechanism] = {}
+
+
+def privacy_unit_of(unit: "PrivacyUnit | str") -> PrivacyUnit:
+    """A :class:`PrivacyUnit` from itself or a known unit's name."""
+    return privacy_unit(unit)
+
+
+def register_mechanism(
+    name: str, rdp: RdpFunction, *, description: str, privacy_unit: "PrivacyUnit | str | None" = ENTITY,
+    coupled: bool = False, overwrite: bool = False, label: str | None = None,
+    clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
+    stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True,
+) -> Mechanism:
+    """Add a mechanism to the registry (and clear the per-step cache).
+
+    A mechanism with ``clipping`` (the module clipping modes it bounds) is usable end to end:
+    ``DPRelationalModule(clipping=..., accounting=<accounting or name>)`` selects it, and the privacy
+    callback and ledger charge it. ``privacy_unit`` (a :class:`~lightning_dprel.core.specs.PrivacyUnit` or a known unit's
+    name) is the unit the bound is proven for: runs whose datamodule samples for another unit are refused.
+    """
+    if not isinstance(name, str) or not name or name == "none":
+        raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"Mechanism {name!r} is already registered; pass overwrite=True to replace it.")
+    bad = [c for c in clipping if c not in ("freq", "standard")]
+    if bad:
+        raise ValueError(f"`clipping` lists the module clipping modes it bounds ('freq', 'standard'), got {bad}.")
+    unit = None if privacy_unit is None else privacy_unit_of(privacy_unit)
+    mech = Mechanism(
+        name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
+        bool(needs_sampling),
+    )
+    _REGISTRY[name] = mech
+    _cached_rdp.cache_clear()
+    return mech
+
+
+def registered_mechanisms() -> tuple[str, ...]:
+    """Names of every registered mechanism (built-in and added)."""
+    return tuple(_REGISTRY)
+
+
+def get_mechanism(name: str) -> Mechanism:
+    """Look a mechanism up by name.
+
+    Raises:
+        ValueError: for ``"none"`` (the non-private baseline has no ε) or an unknown name.
+    """
+    if name == "none":
+        raise ValueError(
+            "`mechanism='none'` is the non-private baseline (clipping='none', noise_multiplier=0): it has no "
+            "finite ε and cannot be accounted. Use clipping 'freq' or 'standard' with noise_multiplier > 0."
+        )
+    if name not in _REGISTRY:
+        raise ValueError(f"`mechanism` must be one of {registered_mechanisms()}, got {name!r}.")
+    return _REGISTRY[name]
+
+
+def check_module_mechanism(name: str, clipping: str) -> Mechanism:
+    """The registered mechanism ``name`` if it bounds the module's ``clipping``, else a clear ``ValueError``."""
+    mech = get_mechanism(name)
+    if clipping not in mech.clipping:
+        covering = [m.name for m in _REGISTRY.values() if clipping in m.clipping]
+        raise ValueError(
+            f"Mechanism {name!r} does not bound clipping={clipping!r} (it covers {list(mech.clipping)}); the "
+            f"mechanisms that do: {covering}. Register one with register_mechanism(..., clipping=({clipping!r},))."
+        )
+    return mech
+
+
+def check_unit(name: str, unit: "PrivacyUnit | str") -> Mechanism:
+    """The mechanism ``name`` if it is proven for ``unit`` (the datamodule's), else a ``ValueError`` naming both."""
+    mech, unit = get_mechanism(name), privacy_unit_of(unit)
+    if mech.unit is not None and mech.unit != unit:
+        proven = [m.name for m in _REGISTRY.values() if m.unit == unit and m.clipping]
+        raise ValueError(
+            f"Privacy unit mismatch: mechanism {name!r} is proven for the unit {mech.unit.name!r} ({mech.unit}), but the "
+            f"data is sampled for the unit {unit.name!r} ({unit}). Its ε would not bound this run. Mechanisms proven "
+            f"for {unit.name!r}: {proven}."
+        )
+    return mech
+
+
+def check_accounting_choice(module_mechanism: str, chosen: str) -> Mechanism:
+    """The mechanism a callback may account a module's runs with: its own, or one that stands in for it."""
+    mech = get_mechanism(chosen)
+    if chosen != module_mechanism and module_mechanism not in mech.stands_in_for:
+        raise ValueError(
+            f"PrivacyCallback(mechanism={chosen!r}) contradicts the module, whose clipping and accounting give "
+            f"mechanism {module_mechanism!r}. Build the callback with mechanism={module_mechanism!r} or None."
+        )
+    return mech
+
+
+def check_step_count(name: str, value: int) -> int:
+    """Return ``value`` as an int, or raise unless it is an int >= 1 (``name`` is the argument's name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an int >= 1, got {type(value).__name__} ({value!r}).")
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {value}.")
+    return int(value)
+
+
+#: Smallest σ the accountant accepts (its numerics are tested from 0.3 up; calibration never goes below 0.1).
+SIGMA_FLOOR = 0.1
+
+
+def check_noise_multiplier(noise_multiplier: float) -> float:
+    """Return σ as a float, or raise unless it is a finite number > 0."""
+    if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float, np.floating, np.integer)):
+        raise TypeError(
+            f"`noise_multiplier` must be a float > 0, got {type(noise_multiplier).__name__} ({noise_multiplier!r})."
+        )
+    sigma = float(noise_multiplier)
+    if not (sigma > 0.0) or math.isinf(sigma):
+        raise ValueError(
+            f"`noise_multiplier` must be > 0 and finite, got {noise_multiplier}; a private step needs noise "
+            "(use mechanism 'none' only for the non-private baseline, which is not accounted)."
+        )
+    if sigma < SIGMA_FLOOR:
+        raise ValueError(
+            f"`noise_multiplier` must be >= {SIGMA_FLOOR}, got {noise_multiplier}: below it the accountant's "
+            "quadrature is untested and slow (minutes per order grid), and the ε would be in the hundreds anyway. "
+            "Raise the noise multiplier (or calibrate it from a target ε)."
+        )
+    return sigma
+
+
+def check_sampling(sampling: SamplingSpec, *, coupled: bool = True) -> SamplingSpec:
+    """Validate a SamplingSpec for accounting (SamplingSpec itself checks n, m, K ≥ 1 and γ ∈ (0, 1])."""
+    if not isinstance(sampling, SamplingSpec):
+        raise TypeError(f"`sampling` must be a SamplingSpec, got {type(sampling).__name__}.")
+    if coupled:
+        need = sampling.neg_per_pos * sampling.sampling_rate * sampling.num_edges
+        if need > sampling.num_nodes:
+            raise ValueError(
+                f"`neg_per_pos` * expected batch size = {sampling.neg_per_pos} * "
+                f"{sampling.sampling_rate * sampling.num_edges:g} = {need:g} exceeds `num_nodes` = "
+                f"{sampling.num_nodes}: NEG-SAMPLE-WOR (Algorithm 2) draws negatives without replacement. "
+                "Lower neg_per_pos or the sampling rate."
+            )
+    return sampling
+
+
+@lru_cache(maxsize=4096)
+def _cached_rdp(name: str, sampling: SamplingSpec, sigma: float, orders: tuple[float, ...] | None) -> np.ndarray:
+    mech = _REGISTRY[name]
+    grid = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
+    out = np.array(mech.rdp(sampling, sigma, grid), dtype=float).reshape(-1)
+    if out.shape != grid.shape or np.any(np.isnan(out)) or np.any(out < 0.0):
+        raise RuntimeError(f"Mechanism {name!r} returned an invalid RDP curve (shape {out.shape}, NaN or < 0).")
+    out.setflags(write=False)
+    return out
+
+
+def _orders_key(orders: object) -> tuple[float, ...] | None:
+    if orders is None:
+        return None
+    arr = as_orders(orders)
+    if arr.shape == DEFAULT_ORDERS.shape and np.array_equal(arr, DEFAULT_ORDERS):
+        return None
+    return tuple(float(a) for a in arr)
+
+
+def _lookup(mechanism: str, sampling: SamplingSpec | None, noise_multiplier: float, key: tuple | None) -> np.ndarray:
+    """Validated, cached, read-only per-step RDP (internal fast path of the Accountant)."""
+    mech = get_mechanism(mechanism)
+    if mech.needs_sampling or sampling is not None:
+        check_sampling(sampling, coupled=mech.coupled)
+    return _cached_rdp(mechanism, sampling, check_noise_multiplier(noise_multiplier), key)
+
+
+def per_step_rdp(
+    mechanism: str, sampling: SamplingSpec, noise_multiplier: float, orders: object = None
+) -> np.ndarray:
+    """Per-step RDP ε(α) of a registered mechanism (a fresh array; see the module docstring).
+
+    Args:
+        mechanism: a name of :func:`registered_mechanisms` (e.g. one of :data:`MECHANISMS`).
+        sampling: how the datamodule samples one step.
+        noise_multiplier: σ > 0 (noise std σ·C on a sum of sensitivity C).
+        orders: Rényi orders > 1 (default :data:`DEFAULT_ORDERS`).
+
+    Raises:
+        ValueError: for ``mechanism='none'`` or an unknown name, σ ≤ 0, k·γ·m > n, bad orders.
+        TypeError: if ``sampling`` is not a SamplingSpec.
+    """
+    return _lookup(mechanism, sampling, noise_multiplier, _orders_key(orders)).copy()

@@ -1,0 +1,35 @@
+"""The privacy budget as a pure decision: does the next step fit? (after Lightning's EarlyStopping)."""
+
+from __future__ import annotations
+
+import math
+
+from lightning_dprel.accounting import Accountant
+from lightning_dprel.core.specs import SamplingSpec
+
+__all__ = ["PrivacyBudget"]
+
+
+class PrivacyBudget:
+    """(ε, δ) budget; :meth:`next_step` answers ``(stop, ε_next)`` from an accountant and the next step's facts.
+
+    Pure: it keeps no state of the run, so the callback, a resume and a test ask it the same question the
+    same way (Lightning's ``EarlyStopping._evaluate_stopping_criteria`` is the model).
+    """
+
+    def __init__(self, target_epsilon: float, delta: float) -> None:
+        for name, value in (("target_epsilon", target_epsilon), ("delta", delta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0) or math.isinf(value):
+                raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
+        if delta >= 1.0:
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+        self.target_epsilon = float(target_epsilon)
+        self.delta = float(delta)
+
+    def next_step(self, accountant: Accountant, sampling: SamplingSpec, noise_multiplier: float, num_steps: int = 1) -> tuple[bool, float]:
+        """``(stop, ε_next)``: stop when ``num_steps`` more steps at this σ would exceed the target."""
+        eps_next = float(accountant.epsilon_after(sampling, noise_multiplier, self.delta, num_steps=num_steps))
+        return eps_next > self.target_epsilon, eps_next
+
+    def __repr__(self) -> str:
+        return f"PrivacyBudget(target_epsilon={self.target_epsilon}, delta={self.delta})"
