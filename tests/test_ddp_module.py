@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule
-from tuple_batches import build_tuple_batch, sample_coupled
+from lightning_dprel.demos.tuple_batches import build_tuple_batch, sample_coupled
 
 STEPS = 5
 

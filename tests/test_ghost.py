@@ -196,7 +196,7 @@ def test_module_modes_train_to_the_same_parameters(mode):
     from pytorch_lightning import Trainer
     from torch.utils.data import DataLoader
 
-    from tuple_batches import build_tuple_batch
+    from lightning_dprel.demos.tuple_batches import build_tuple_batch
 
     anchor, _ = _batch()
     g = torch.Generator().manual_seed(5)

@@ -18,7 +18,7 @@ from lightning_dprel.grad_sample.ghost import GhostGrads, GhostUnsupported
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, TupleGradients, trainable_parameters
 from lightning_dprel.methods.relational.batch import tuple_inputs
-from tuple_batches import build_tuple_batch
+from lightning_dprel.demos.tuple_batches import build_tuple_batch
 
 B, K = 3, 2
 T = B * (2 + K)  # sequence length equal to the number of node slots: the coincidence

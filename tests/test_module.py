@@ -19,7 +19,7 @@ from lightning_dprel.grad_sample.per_tuple import per_tuple_grads
 from lightning_dprel.methods.relational.batch import tuple_inputs
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.relational.sampling import max_freq
-from tuple_batches import build_tuple_batch, ranking_batch, sample_coupled
+from lightning_dprel.demos.tuple_batches import build_tuple_batch, ranking_batch, sample_coupled
 
 
 def _identity(x):

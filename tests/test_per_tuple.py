@@ -10,7 +10,7 @@ from lightning_dprel.encoders import MLPEncoder, TextEncoder
 from lightning_dprel.methods.relational.losses import tuple_loss
 from lightning_dprel.grad_sample.per_tuple import per_tuple_grads, trainable_parameters, uses_dropout
 from lightning_dprel.methods.relational.batch import tuple_inputs
-from tuple_batches import build_tuple_batch, tokenize_nodes
+from lightning_dprel.demos.tuple_batches import build_tuple_batch, tokenize_nodes
 
 
 def _head(score="cosine", loss="infonce"):

@@ -21,74 +21,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprel.callbacks import PAPER_EQ3_WARNING, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
-from lightning_dprel.core.ledger import PrivacyLedger, StepRecord
-from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.demos.boring_classes import BoringPrivateModule, SpecDataModule, make_spec
 
 MECHS = ("freq_corrected", "freq_paper", "standard")
 
 
 # ---------------------------------------------------------------------- boring private classes
-def make_spec(*, n=2000, m=5000, K=3, gamma=0.01, k=2, steps_per_epoch=8) -> SamplingSpec:
-    return SamplingSpec(
-        num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=gamma * m, steps_per_epoch=steps_per_epoch,
-    )
-
-
-class BoringPrivateModule(pl.LightningModule):
-    """Exposes a NoiseSpec and takes one manual optimizer step per training batch."""
-
-    def __init__(self, *, sigma=1.0, clipping="freq", accounting="corrected", clip_norm=1.0):
-        super().__init__()
-        self.automatic_optimization = False
-        self.layer = torch.nn.Linear(1, 1)
-        self.sigma, self.clipping, self.accounting, self.clip_norm = sigma, clipping, accounting, clip_norm
-        self.optimizer_steps = 0
-        self.privacy_ledger = PrivacyLedger()
-
-    @property
-    def noise_spec(self) -> NoiseSpec:
-        return NoiseSpec(self.sigma, self.clip_norm, clipping=self.clipping, accounting=self.accounting)
-
-    def set_noise_multiplier(self, sigma: float) -> None:
-        self.sigma = float(sigma)
-
-    def training_step(self, batch, batch_idx):
-        opt = self.optimizers()
-        opt.zero_grad()
-        loss = self.layer(batch[0].view(-1, 1)).pow(2).sum()
-        self.manual_backward(loss)
-        opt.step()
-        self.optimizer_steps += 1
-        record = StepRecord.from_spec(self.noise_spec, self.privacy_ledger.sampling.expected_batch_size)
-        self.privacy_ledger.charge(record, sample=(self.current_epoch, batch_idx))  # releases on one batch: one sample
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def on_save_checkpoint(self, checkpoint):
-        checkpoint["ledger"] = self.privacy_ledger.state_dict()
-
-    def on_load_checkpoint(self, checkpoint):
-        self.privacy_ledger.load_state_dict(checkpoint["ledger"])
-
-
-class SpecDataModule(pl.LightningDataModule):
-    """Exposes ``sampling_spec`` after setup (None: a datamodule without the fact)."""
-
-    def __init__(self, spec: SamplingSpec | None, *, expose: bool = True):
-        super().__init__()
-        self.spec, self.expose = spec, expose
-
-    def setup(self, stage: str) -> None:
-        if self.expose:
-            self.sampling_spec = self.spec
-
-    def train_dataloader(self):
-        n = self.spec.steps_per_epoch if self.spec is not None else 8
-        return DataLoader(TensorDataset(torch.arange(float(n))), batch_size=1)
-
-
 class MemoryLogger(Logger):
     """Keeps every logged metric in memory."""
 

@@ -26,7 +26,7 @@ from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
 from ddp_helpers import gloo_group, spawn
-from tuple_batches import build_tuple_batch, sample_coupled
+from lightning_dprel.demos.tuple_batches import build_tuple_batch, sample_coupled
 
 GRAPH = random_feature_graph(num_nodes=120, num_edges=300, dim=16, seed=0)
 

@@ -61,7 +61,13 @@ class StepRecord:
 
 
 def effective_noise_multiplier(sigmas: "tuple[float, ...] | list[float]") -> float:
-    """σ_eff = (Σ σ_r⁻²)^(-1/2) of several Gaussian releases of one sample (0 if any release had no noise)."""
+    """σ_eff = (Σ σ_r⁻²)^(-1/2) of several Gaussian releases of one sample (0 if any release had no noise).
+
+    >>> round(effective_noise_multiplier([1.0, 1.0]), 6)  # two releases at σ = 1: one at σ/√2
+    0.707107
+    >>> effective_noise_multiplier([2.0, 0.0])  # an un-noised release voids the step
+    0.0
+    """
     if not sigmas or any(s <= 0.0 for s in sigmas):
         return 0.0
     return 1.0 / math.sqrt(sum(1.0 / (s * s) for s in sigmas))

@@ -34,6 +34,10 @@ class PrivacyUnit:
     """What one privacy unit is and how neighbouring datasets differ (declared by data, proven by mechanisms).
 
     ``str(unit)`` is its description, so reports print it as before.
+
+    >>> from lightning_dprel.accounting import get_mechanism
+    >>> get_mechanism("standard").unit.name, get_mechanism("subgraph_replace").unit.name
+    ('entity', 'node_in_subgraph')
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""Test helpers: build TupleBatch / RankingBatch directly from tensors (no datamodule needed).
+"""Build TupleBatch / RankingBatch directly from tensors (no datamodule needed), for tests and examples.
 
 ``max_freq`` is computed over the *global* batch with :func:`lightning_dprel.methods.relational.sampling.max_freq` before a
 rank takes its slice, as the datamodule contract requires.

@@ -1,4 +1,4 @@
-"""Regression tests for findings of the adversarial privacy review (one test per fixed finding)."""
+"""Guards found by an adversarial privacy review: non-finite tuples dropped, not spread; tiny σ refused; δ ≥ 1/n warned."""
 
 from __future__ import annotations
 

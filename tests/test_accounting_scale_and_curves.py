@@ -1,4 +1,4 @@
-"""Issue 12, accounting side: a huge K answers fast with a bound that holds, graph preparation says what capping
+"""Accounting at scale and ε over time: a huge K answers fast with a bound that holds, graph preparation says what capping
 did and refuses non-finite features, the accounting CLI warns on δ ≥ 1/n and needs no torch, ε over time as data."""
 
 from __future__ import annotations
