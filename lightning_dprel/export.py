@@ -43,15 +43,15 @@ def _number(x: float) -> float | str:
 
 
 def privacy_report(module: Any, *, delta: float | None = None) -> dict[str, Any]:
-    """What the module's privacy ledger says: ε at δ (default: :func:`privacy_delta`, else 1/m), steps, σ, C,
+    """What the module's privacy ledger says: ε at δ (default: :func:`privacy_delta`, else the unit's default δ), steps, σ, C,
     clipping and accounting. ``epsilon`` is ``"inf"`` when any step ran without noise or without known sampling."""
-    from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
+    from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, resolve_delta
 
     ledger, spec = module.privacy_ledger, module.noise_spec
     delta = privacy_delta(module) if delta is None else float(delta)
     samplings = [s.sampling for s in ledger.segments if s.sampling is not None]
     if delta is None and samplings:
-        delta = 1.0 / samplings[-1].num_edges
+        delta = resolve_delta(None, samplings[-1], warn=False)  # the callback's default for the unit
     epsilon = ledger.epsilon(delta) if delta is not None else (math.inf if ledger.unprotected_steps else 0.0)
     mechanism = ledger.private_mechanism or spec.mechanism
     seeded = module.hparams.get("noise_seed") is not None

@@ -11,7 +11,7 @@ import torch
 
 import lightning_dprel.transforms as transforms
 from lightning_dprel.datamodules.datasets import nodes
-from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes, SyntheticNodes, WordNetNodes, public_masks
+from lightning_dprel.datamodules.datasets.nodes import stable_node_ids, InMemoryNodes, SyntheticNodes, WordNetNodes, public_masks
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
 from lightning_dprel.methods.dp_gcn.graph_splits import keyed_split
 from lightning_dprel.core.randomness import KeyedStream
@@ -114,9 +114,12 @@ def test_in_memory_ids_are_checked_and_missing_ones_warn():
     with pytest.raises(ValueError, match="duplicate"):
         InMemoryNodes(data).load()
     del data.node_id
+    out = InMemoryNodes(data).load()
+    assert getattr(out, "node_id", None) is None  # the datamodule decides whether rows may serve as ids
+    with pytest.raises(ValueError, match="no `node_id`"):
+        stable_node_ids(out, allow_rows=False)
     with pytest.warns(UserWarning, match="stable"):
-        out = InMemoryNodes(data).load()
-    assert torch.equal(out.node_id, torch.arange(40))
+        assert torch.equal(stable_node_ids(out), torch.arange(40))
 
 
 # --- WordNetNodes on a fake data.noun (no WordNet install needed) -------------------------------------------------

@@ -77,3 +77,23 @@ def test_a_module_resuming_from_its_own_checkpoint_in_this_process_draws_fresh_n
     assert len(first) == 6 and len(drawn) == 3 and module.privacy_ledger.private_steps == 6
     replayed = sum(any(torch.equal(a, b) for a in first) for b in drawn)
     assert replayed == 0, f"{replayed} of {len(drawn)} resumed steps replayed noise of the first run"
+
+
+def test_copies_and_pickles_of_a_secret_stream_never_carry_its_key():
+    import copy
+    import io
+    import pickle
+
+    stream = KeyedStream.secret("noise")
+    drawn = stream.normal(32)
+    key = stream.key_now()
+    copied = copy.deepcopy(stream)
+    unpickled = pickle.loads(pickle.dumps(stream))
+    assert key not in pickle.dumps(stream)
+    buffer = io.BytesIO()
+    torch.save({"stream": stream}, buffer)
+    assert key not in buffer.getvalue()
+    for other in (copied, unpickled):
+        other.counter = 0
+        assert not torch.equal(other.normal(32), drawn)
+    assert stream.key_now() == key  # the original keeps drawing from its own key

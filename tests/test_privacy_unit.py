@@ -153,3 +153,54 @@ def test_entity_delta_default_is_still_one_over_m_and_warns_against_entities():
     assert callback.delta == pytest.approx(1.0 / dm.sampling_spec.num_edges)
     assert dm.sampling_spec.units == dm.sampling_spec.num_nodes and math.isfinite(callback.epsilon)
     assert torch.isfinite(torch.tensor(callback.epsilon))
+
+
+def test_a_stand_in_mechanism_for_another_unit_is_refused_and_module_mechanisms_must_name_a_unit():
+    import numpy as np
+
+    from lightning_dprel.accounting import register_mechanism
+
+    register_mechanism("test_per_example_stand_in", lambda s, sig, a: np.asarray(a) * s.sampling_rate ** 2 / sig ** 2,
+                       description="per-example", privacy_unit="example", stands_in_for=("subgraph_replace",),
+                       overwrite=True)
+    module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
+    with pytest.raises(ValueError, match=r"(?s)Privacy unit mismatch.*'test_per_example_stand_in'.*'example'"):
+        _trainer([PrivacyCallback(mechanism="test_per_example_stand_in")], max_steps=2).fit(module, datamodule=_node_dm())
+    assert module.privacy_ledger.steps == 0
+    with pytest.raises(ValueError, match="must name the unit"):
+        register_mechanism("test_unitless", lambda s, sig, a: np.asarray(a), description="no unit", privacy_unit=None,
+                           clipping=("standard",), accounting="test_unitless")
+
+
+def test_a_unit_object_in_a_sampling_spec_is_stored_by_name_and_survives_a_ledger_round_trip():
+    spec = SamplingSpec(num_nodes=10, num_edges=10, max_degree=1, sampling_rate=0.5, neg_per_pos=0,
+                        expected_batch_size=5.0, steps_per_epoch=2, privacy_unit=NODE_IN_SUBGRAPH, num_units=80)
+    assert spec.privacy_unit == "node_in_subgraph" and spec.unit is NODE_IN_SUBGRAPH
+    ledger = PrivacyLedger()
+    ledger.open(spec)
+    ledger.charge(StepRecord("subgraph_replace", 1.0, 1.0, "standard", 1.0, 5.0))
+    restored = PrivacyLedger()
+    restored.load_state_dict(ledger.state_dict())
+    assert restored.segments == ledger.segments and restored.unit == "node_in_subgraph"
+
+
+def test_provable_node_splits_refuse_row_numbers_as_ids_unless_allowed():
+    from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
+
+    data = SyntheticNodes(200, 3, dim=8, seed=2).load()
+    del data.node_id
+    with pytest.raises(ValueError, match="no `node_id`"):
+        NodeSplitDataModule(InMemoryNodes(data), num_splits=10, sampling_seed=3).setup("fit")
+    with pytest.warns(UserWarning, match="row numbers serve as node ids"):
+        NodeSplitDataModule(InMemoryNodes(data), num_splits=10, sampling_seed=3, allow_row_ids=True).setup("fit")
+
+
+def test_an_exported_node_level_report_uses_the_units_delta():
+    from lightning_dprel.export import privacy_report
+
+    dm = _node_dm()
+    module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
+    _trainer([PrivacyCallback(delta=1e-4)], max_steps=2).fit(module, datamodule=dm)
+    module._trainer, module._saved_delta = None, None  # a saved model without its fit's δ
+    report = privacy_report(module)
+    assert report["delta"] == pytest.approx(1.0 / (10 * dm.sampling_spec.units))  # not 1/(number of subgraphs)

@@ -123,3 +123,109 @@ def test_a_module_releasing_twice_per_batch_reports_the_joint_epsilon():
     assert callback.steps == 10  # ten sampled batches, two noised releases each
     assert callback.epsilon == pytest.approx(joint.get_epsilon(1e-5), rel=1e-12)
     assert callback.epsilon > independent.get_epsilon(1e-5)  # what was reported before
+
+
+# ---------------------------------------------------------------------- every path to the ledger merges releases
+def _trainer(callbacks, steps):
+    return Trainer(callbacks=callbacks, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                   accelerator="cpu")
+
+
+def _dm():
+    return RelationalDataModule(random_feature_graph(300, 900, dim=8, seed=0), expected_batch_size=12, neg_per_pos=1,
+                                max_degree=3, sampling_seed=1)
+
+
+class OverridesBatchHooks(TwoReleasesPerBatch):
+    """Overrides Lightning's batch hooks without calling super(): the sample must still be the batch."""
+
+    def on_train_batch_start(self, batch, batch_idx):
+        pass
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+
+class SecondOptimizerBuiltByHand(DPRelationalModule):
+    """A second DPOptimizer built directly (not by build_dp_optimizer): it must charge the ledger too."""
+
+    def configure_optimizers(self):
+        from lightning_dprel.core.optim import DPOptimizer
+        from lightning_dprel.grad_sample.base import trainable_parameters
+
+        params = trainable_parameters(self.encoder)
+        names = list(params)
+        first, rest = {n: params[n] for n in names[:2]}, {n: params[n] for n in names[2:]}
+        other = DPOptimizer(torch.optim.Adam(rest.values(), lr=0.01), named_params=rest, noise_multiplier=1.0,
+                            clip_norm=1.0, clipping="standard")
+        return [self.build_dp_optimizer(first), other]
+
+    def training_step(self, batch, batch_idx):
+        grads = self.per_tuple(batch).grads
+        for opt in self.optimizers():
+            opt.optimizer.record({n: grads[n] for n in opt.optimizer.named_params}, max_freq=batch.max_freq,
+                                 expected_batch_size=batch.expected_batch_size)
+            opt.step()
+
+
+@pytest.mark.parametrize("cls", [OverridesBatchHooks, SecondOptimizerBuiltByHand])
+def test_releases_of_one_batch_merge_whatever_the_module_overrides(cls):
+    torch.manual_seed(0)
+    dm = _dm()
+    module = cls(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0, noise_seed=0,
+                 per_tuple_mode="vmap")  # formed per-tuple gradients, split between the two optimizers
+    callback = PrivacyCallback(delta=1e-5)
+    _trainer([callback], 10).fit(module, datamodule=dm)
+    joint = Accountant("standard")
+    joint.step(dm.sampling_spec, 1.0 / math.sqrt(2), 5)
+    assert callback.steps == 5 and module.privacy_ledger.last_releases == 2
+    assert callback.epsilon == pytest.approx(joint.get_epsilon(1e-5), rel=1e-12)
+
+
+def test_a_gaussian_release_between_two_releases_of_one_sample_keeps_them_one_step():
+    ledger = PrivacyLedger()
+    ledger.open(SPEC)
+    record = StepRecord("standard", SIGMA, 1.0, "standard", SIGMA, SPEC.expected_batch_size)
+    ledger.charge(record, sample=0)
+    ledger.charge(GaussianRelease(4.0, "entity"))
+    ledger.charge(record, sample=0)
+    assert ledger.private_steps == 1
+    assert [s.releases for s in ledger.segments if s.mechanism == "standard"] == [2]
+
+
+class DeclaresTwoReleases(TwoReleasesPerBatch):
+    releases_per_sample = 2
+
+
+def test_a_declared_release_count_keeps_the_budget_and_calibration_exact():
+    torch.manual_seed(0)
+    dm = _dm()
+    dm.setup("fit")
+    joint = [Accountant("standard") for _ in range(2)]
+    joint[0].step(dm.sampling_spec, 1.0 / math.sqrt(2), 3)
+    joint[1].step(dm.sampling_spec, 1.0 / math.sqrt(2), 4)
+    target = 0.5 * (joint[0].get_epsilon(1e-5) + joint[1].get_epsilon(1e-5))
+    module = DeclaresTwoReleases(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
+                                 noise_seed=0)
+    callback = PrivacyCallback(delta=1e-5, target_epsilon=target)
+    _trainer([callback], 40).fit(module, datamodule=_dm())
+    assert callback.steps == 3 and callback.epsilon <= target  # the fourth batch would exceed: never run
+    calibrated = DeclaresTwoReleases(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_seed=0)
+    cb = PrivacyCallback(delta=1e-5, target_epsilon=8.0, calibrate=True)
+    _trainer([cb], 12).fit(calibrated, datamodule=_dm())  # 12 optimizer steps = 6 batches of 2 releases
+    assert cb.steps == 6 and 0.97 * 8.0 <= cb.epsilon <= 8.0
+
+
+def test_an_undeclared_second_release_that_overshoots_is_an_error_naming_the_fix():
+    torch.manual_seed(0)
+    dm = _dm()
+    dm.setup("fit")
+    one, two = Accountant("standard"), Accountant("standard")
+    one.step(dm.sampling_spec, 1.0, 1)
+    two.step(dm.sampling_spec, 1.0 / math.sqrt(2), 1)
+    target = 0.5 * (one.get_epsilon(1e-5) + two.get_epsilon(1e-5))
+    module = TwoReleasesPerBatch(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
+                                 noise_seed=0)
+    with pytest.raises(RuntimeError, match="releases_per_sample = 2"):
+        _trainer([PrivacyCallback(delta=1e-5, target_epsilon=target)], 10).fit(module, datamodule=_dm())

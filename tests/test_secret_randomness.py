@@ -243,7 +243,7 @@ def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
         dm = RelationalDataModule(random_feature_graph(200, 600, seed=1), expected_batch_size=8, neg_per_pos=2,
                                   steps_per_epoch=3)
         dm.setup("fit")
-        pos = [b.pos for b in dm.train_dataloader()]
+        pos = [dm.draw_global(t)[0] for t in range(3)]  # the global batches (each rank iterates its own slice)
         torch.save({"secure": secure, "seeded": seeded, "pos": pos}, f"{folder}/rank{rank}.pt")
 
 

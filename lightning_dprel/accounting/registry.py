@@ -96,6 +96,11 @@ def register_mechanism(
     bad = [c for c in clipping if c not in ("freq", "standard")]
     if bad:
         raise ValueError(f"`clipping` lists the module clipping modes it bounds ('freq', 'standard'), got {bad}.")
+    if privacy_unit is None and (clipping or needs_sampling):
+        raise ValueError(
+            f"Mechanism {name!r}: only a release whose event states its unit (no sampling, no module clipping) may omit "
+            "`privacy_unit`; a sampled or module mechanism must name the unit its bound is proven for."
+        )
     unit = None if privacy_unit is None else privacy_unit_of(privacy_unit)
     mech = Mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),

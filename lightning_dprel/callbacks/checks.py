@@ -65,8 +65,9 @@ def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
 def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
     return _fact(pl_module, "privacy_ledger", PrivacyLedger,
                  "a lightning_dprel.core.ledger.PrivacyLedger (what the model spent)",
-                 "Use DPRelationalModule, or hold a PrivacyLedger and charge it with "
-                 "DPOptimizer.attach_step_hook(ledger.charge).")
+                 "Use a PrivateModule (DPRelationalModule, DPNodeModule), or hold a PrivacyLedger and charge every "
+                 "release with the training batch as its sample: DPOptimizer.attach_step_hook(lambda r: "
+                 "ledger.charge(r, sample=<this batch's id>)) (releases of one sample are one step at σ/√r).")
 
 
 def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:
@@ -106,6 +107,23 @@ def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool)
             category=UserWarning,
         )
     return delta
+
+
+def check_not_over(epsilon: float, target: float, steps: int, *, releases: int, planned: int) -> None:
+    """Raise if a step ran past the budget: more releases on one sample than planned, or a stop was overridden."""
+    if epsilon <= target:
+        return
+    if releases > planned:
+        raise RuntimeError(
+            f"PrivacyCallback: ε = {epsilon:.6g} exceeds target_epsilon = {target}: the last batch released {releases} "
+            f"noised sums on one sample where {planned} were planned. Set the module's `releases_per_sample = "
+            f"{releases}` so that the budget and calibration plan for them."
+        )
+    raise RuntimeError(
+        f"PrivacyCallback: ε = {epsilon:.6g} exceeds target_epsilon = {target} after {steps} steps: a step ran after "
+        "the callback set `trainer.should_stop`. Do not reset `trainer.should_stop` or call `fit` again without "
+        "raising the budget."
+    )
 
 
 def check_private(noise: NoiseSpec, target_epsilon: Optional[float]) -> None:

@@ -25,7 +25,7 @@ from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_private, resolve_delta, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
+from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_not_over, check_private, resolve_delta, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -34,15 +34,13 @@ _STATE_KEYS = ("mechanism", "delta", "target_epsilon", "noise_multiplier")
 
 
 class PrivacyCallback(Callback):
-    r"""Reports entity-level (ε, δ) after every optimizer step and halts before the budget (Algorithm 3).
+    r"""Reports (ε, δ) for the data's privacy unit after every step and halts before the budget (Algorithm 3).
 
-    Each optimizer step of the module is one step of Algorithm 3: a Poisson sample of capped edges at
-    rate γ, NEG-SAMPLE-WOR negatives, clipping, and N(0, σ²C²) noise. The module's optimizer records it in
-    ``pl_module.privacy_ledger`` (with the σ the noise was drawn with); the callback composes the ledger
-    with the mechanism's bound (FREQ-CLIP corrected, FREQ-CLIP paper Eq. 3, standard clipping Theorem C.1,
-    or any registered mechanism) and converts the RDP to (ε, δ) with Theorem D.1. The ledger holds every
-    step the model ever took, so fitting a trained model again, resuming from a checkpoint or replacing
-    the callback never restarts ε at 0.
+    Each training batch is one sampled step (for the relational method: Poisson positives, NEG-SAMPLE-WOR negatives,
+    clipping, N(0, σ²C²) noise; r noised releases on it count once at σ/√r). The module's DP optimizers record it in
+    ``pl_module.privacy_ledger``; the callback composes the ledger with each mechanism's bound and converts the RDP to
+    (ε, δ) with Theorem D.1. The ledger holds every step the model ever took, so refitting, resuming or replacing the
+    callback never restarts ε at 0; a mechanism proven for another unit than the data's is refused.
 
     Logged after every step: ``epsilon`` (loggers and progress bar) and ``delta`` (loggers);
     ``noise_multiplier`` once when calibrated. A one-line summary is logged at the end of fit (rank zero).
@@ -79,8 +77,8 @@ class PrivacyCallback(Callback):
             ε curve of any plan is :func:`lightning_dprel.accounting.epsilon_curve`.
 
     Raises:
-        ValueError / TypeError: bad arguments; at fit start, missing or contradictory facts, trainer settings
-            that would override a stop or break the accounting, or a budget that not even one step fits.
+        ValueError / TypeError: bad arguments, missing or contradictory facts, unsafe trainer settings, a budget
+            that not even one step fits.
 
     Example::
 
@@ -178,6 +176,8 @@ class PrivacyCallback(Callback):
         self._ledger.open(sampling)
         self._ledger.check_mechanism(noise.mechanism, noise.clipping)
         self._steps_seen = self._ledger.private_steps
+        declared = int(getattr(pl_module, "releases_per_sample", 1))  # noised sums one batch releases on its sample
+        self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
         self._resolve_delta(sampling)
         if self.calibrate:
             self._apply_calibration(trainer, pl_module, sampling)
@@ -205,7 +205,7 @@ class PrivacyCallback(Callback):
         if new_steps <= 0:
             return
         self._lookahead = new_steps
-        self._releases = self._ledger.last_releases
+        expected, self._releases = self._releases, max(self._releases, self._ledger.last_releases)
         self.noise_multiplier = self._ledger.last_noise_multiplier
         epsilon = self.epsilon
         self.history.append((steps, epsilon))
@@ -215,12 +215,7 @@ class PrivacyCallback(Callback):
             logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
         if self.target_epsilon is None:
             return
-        if epsilon > self.target_epsilon:  # only reachable if something overrode our stop
-            raise RuntimeError(
-                f"PrivacyCallback: ε = {epsilon:.6g} exceeds target_epsilon = {self.target_epsilon} after "
-                f"{self.steps} steps: a step ran after the callback set `trainer.should_stop`. Do not reset "
-                "`trainer.should_stop` or call `fit` again without raising the budget."
-            )
+        check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
         sigma = self._next_sigma(pl_module)
         composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
@@ -292,8 +287,9 @@ class PrivacyCallback(Callback):
                 "PrivacyCallback from the trainer."
             )
         check_module_mechanism(noise.mechanism, noise.clipping)
-        check_unit(noise.mechanism, sampling.privacy_unit)
         mechanism = self._mechanism_arg or noise.mechanism
+        for name in {noise.mechanism, mechanism}:  # the module's and a stand-in's bound must both be for this unit
+            check_unit(name, sampling.privacy_unit)
         check_accounting_choice(noise.mechanism, mechanism)
         if self.mechanism is not None and self.mechanism != mechanism:
             raise ValueError(
@@ -312,9 +308,10 @@ class PrivacyCallback(Callback):
         setter = sigma_setter_of(pl_module)
         sigma = self._calibrated_sigma
         if sigma is None:
-            total = planned_steps(trainer, sampling)
+            releases = self._releases  # r noised sums per sample: r optimizer steps, one sample at σ/√r
+            total = -(-planned_steps(trainer, sampling) // releases)
             spent = self.accountant
-            sigma = float(
+            sigma = math.sqrt(releases) * float(
                 noise_multiplier_for(
                     self.target_epsilon, delta=self.delta, steps=total, sampling=sampling, mechanism=self.mechanism,
                     orders=spent.orders, spent_rdp=spent.rdp(),

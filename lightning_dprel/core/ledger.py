@@ -138,7 +138,6 @@ class PrivacyLedger:
                 f"releases for {unit!r}."
             )
         self._append(Segment("gaussian", None, float(event.noise_multiplier), 1.0, "gaussian", event.count, 1, event.unit))
-        self._sample, self._sample_records = None, []
 
     def _append(self, seg: Segment) -> None:
         last = self._segments[-1] if self._segments else None
@@ -148,12 +147,14 @@ class PrivacyLedger:
             self._segments.append(seg)
 
     def _undo_last_step(self) -> None:
-        """Take the last step back (it is charged again merged with a new release on the same sample)."""
-        last = self._segments[-1]
-        if last.steps > 1:
-            self._segments[-1] = replace(last, steps=last.steps - 1)
+        """Take the last optimizer step back (it is charged again merged with a new release on the same sample); RDP
+        composition does not depend on order, so releases charged after it may stay where they are."""
+        i = max(j for j, seg in enumerate(self._segments) if seg.mechanism != "gaussian")
+        seg = self._segments[i]
+        if seg.steps > 1:
+            self._segments[i] = replace(seg, steps=seg.steps - 1)
         else:
-            self._segments.pop()
+            del self._segments[i]
         self._cache.clear()
         self._check_next = True
 
@@ -202,6 +203,8 @@ class PrivacyLedger:
         name = mechanism or spent or "freq_corrected"
         if spent is not None and name != spent:
             check_accounting_choice(spent, name)
+        if self.unit is not None and (spent is not None or mechanism is not None):
+            check_unit(name, self.unit)
         return name
 
     def accountant(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:

@@ -149,8 +149,9 @@ class DPOptimizer(Optimizer):
         return dict(self._state.last)
 
     def attach_step_hook(self, fn: Callable[[StepRecord], None]) -> None:
-        """Call ``fn(record)`` after every step with the :class:`StepRecord` of what the step did."""
-        self._step_hooks.append(fn)
+        """Call ``fn(record)`` after every step with the :class:`StepRecord` of what the step did (once per ``fn``)."""
+        if fn not in self._step_hooks:
+            self._step_hooks.append(fn)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)

@@ -60,7 +60,15 @@ def privacy_delta(module: Any) -> float | None:
 
 
 class PrivateModule(LightningModule):
-    """Base of the private modules: noise spec, keyed noise, ledger, DP optimizer, fit-time checks."""
+    """Base of the private modules: noise spec, keyed noise, ledger, DP optimizers, fit-time checks.
+
+    Every noised release of a training batch (each DP optimizer's step, each :meth:`private_step`) is charged to the
+    ledger with the batch as its sample, so r releases are one sampled Gaussian release at σ/√r. A module that makes
+    r > 1 releases per batch sets :attr:`releases_per_sample` so that the privacy callback budgets and calibrates for it.
+    """
+
+    #: Noised releases one training batch makes on its sample (e.g. 2 for two noised tables stepped separately).
+    releases_per_sample: int = 1
 
     def _setup_privacy(
         self, *, clipping: str, accounting: str, clip_norm: float, noise_multiplier: float, noise_seed: int | None,
@@ -81,7 +89,6 @@ class PrivateModule(LightningModule):
         )
         self.noise_source = KeyedStream("noise", seed=noise_seed, _warn=False)
         self.privacy_ledger = PrivacyLedger()
-        self._sample_token: object = None  # the training batch whose releases are being charged
         self._dp_optimizer: DPOptimizer | None = None
         self.automatic_optimization = False
         #: How node inputs were made from texts (text encoders; kept in checkpoints), and the δ saved with a checkpoint.
@@ -118,7 +125,14 @@ class PrivateModule(LightningModule):
 
     def _charge(self, record: StepRecord) -> None:
         """Charge one optimizer release; releases made during one training batch are one step on one sample."""
-        self.privacy_ledger.charge(record, sample=self._sample_token)
+        self.privacy_ledger.charge(record, sample=self._current_sample())
+
+    def _current_sample(self) -> object:
+        """The training batch being processed, from Lightning's batch counter (not a hook a subclass could override)."""
+        trainer = self._trainer
+        if trainer is None or not trainer.training:
+            return None
+        return (id(trainer), trainer.fit_loop.epoch_loop.batch_progress.total.ready)
 
     def charge(self, event: GaussianRelease) -> None:
         """Charge a release that is not an optimizer step (e.g. a noised statistic) to the ledger."""
@@ -129,11 +143,6 @@ class PrivateModule(LightningModule):
             )
         self.privacy_ledger.charge(event)
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._sample_token = (self.global_step, batch_idx, id(batch))  # every release until the batch ends is on it
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._sample_token = None
 
     # --- the one DP optimizer ------------------------------------------------------------------------------
     def build_dp_optimizer(self, named: Mapping[str, nn.Parameter]) -> DPOptimizer:
@@ -169,7 +178,10 @@ class PrivateModule(LightningModule):
     def on_fit_start(self) -> None:
         refuse_unsafe_trainer_settings(self.trainer)
         for opt in self.trainer.optimizers:
-            if not isinstance(getattr(opt, "optimizer", opt), DPOptimizer):
+            dp = getattr(opt, "optimizer", opt)
+            if isinstance(dp, DPOptimizer):
+                dp.attach_step_hook(self._charge)  # every DP optimizer of the module charges its ledger (once)
+            if not isinstance(dp, DPOptimizer):
                 raise TypeError(
                     f"{type(self).__name__} trains with its own DPOptimizer, got {type(opt).__name__}: do not override "
                     "configure_optimizers (or pass LightningCLI's --optimizer); choose it with `optimizer=` instead."

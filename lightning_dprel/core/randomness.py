@@ -188,6 +188,13 @@ class KeyedStream:
         return torch.argsort(self._bits53(n), stable=True)
 
     # --- state ---------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling and copying never carry a secret key: a copy (``deepcopy``, ``torch.save`` of a model) re-keys."""
+        state = dict(self.__dict__)
+        if self.seed is None:
+            state["_key"] = None
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         """Position only: ``{"tag", "seed", "counter"}``. The key is never saved (a secret stream re-keys on resume)."""
         return {"tag": self.tag, "seed": self.seed, "counter": self.counter}

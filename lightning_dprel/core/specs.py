@@ -152,6 +152,8 @@ class SamplingSpec:
                 f"{self.num_edges} = {float(self.sampling_rate) * self.num_edges}: the step divides by b and the "
                 "accountant charges γ, so the two must describe the same sampling."
             )
+        if isinstance(self.privacy_unit, PrivacyUnit):  # a unit object is stored by its name (specs stay plain data)
+            object.__setattr__(self, "privacy_unit", privacy_unit(self.privacy_unit).name)
         privacy_unit(self.privacy_unit)
         if self.num_units is not None:
             _check_int("num_units", self.num_units, 1)

@@ -1,0 +1,1 @@
+"""One package per method; each imports the core and never another method."""

@@ -55,9 +55,17 @@ def public_subset(node_ids: Tensor | int, fraction: float, *, seed: int = 0) -> 
     return public_id_uniforms(_ids(node_ids), seed, "subset") < fraction
 
 
-def stable_node_ids(data: Data, name: str = "graph") -> Tensor:
-    """``data.node_id`` checked (int64, unique, one per node); row numbers with a warning when the graph has none."""
+def stable_node_ids(data: Data, name: str = "graph", *, allow_rows: bool = True) -> Tensor:
+    """``data.node_id`` checked (int64, unique, one per node); without it row numbers (warned), or a ``ValueError`` when
+    ``allow_rows`` is False (a provable node-level split needs ids that do not move when a node is removed)."""
     ids = getattr(data, "node_id", None)
+    if ids is None and not allow_rows:
+        raise ValueError(
+            f"{name}: the graph has no `node_id`. The provable DP-GCN split hashes stable node ids; row numbers move when a "
+            "node is removed (145 of 165 nodes changed subgraph in a test), so the replace-one unit would not hold. Set "
+            "`data.node_id` to stable, unique int64 ids (e.g. database keys), or pass allow_row_ids=True if the rows "
+            "never move."
+        )
     if ids is None:
         warnings.warn(
             f"{name}: the graph has no `node_id`, so row numbers serve as node ids. Splits then follow the row order and "
@@ -156,7 +164,7 @@ class InMemoryNodes(NodeSource):
     ``node_id`` (``num_classes`` is taken from ``y`` when missing).
 
     ``node_id`` should be stable, unique int64 ids (e.g. database keys): the DP-GCN split hashes them. Without it the
-    row numbers serve as ids, with a warning; duplicate ids are refused.
+    provable split is refused unless ``NodeSplitDataModule(allow_row_ids=True)``; duplicate ids are refused.
     """
 
     def __init__(self, data: Data, name: str = "in-memory graph") -> None:
@@ -166,14 +174,12 @@ class InMemoryNodes(NodeSource):
 
     def load(self) -> Data:
         data = self.data
-        ids = stable_node_ids(data, self.name)
-        needs_classes = getattr(data, "num_classes", None) is None and getattr(data, "y", None) is not None
-        if needs_classes or getattr(data, "node_id", None) is not ids:  # never modify the caller's graph
-            data = data.clone()
-            data.node_id = ids
-            if needs_classes:
-                data.num_classes = int(data.y.max()) + 1
-        return data
+        if getattr(data, "node_id", None) is not None:
+            check_node_ids(data.node_id, data.num_nodes)
+        if getattr(data, "num_classes", None) is None and getattr(data, "y", None) is not None:
+            data = data.clone()  # never modify the caller's graph
+            data.num_classes = int(data.y.max()) + 1
+        return data  # without `node_id`: the datamodule decides whether row numbers may serve
 
     def __repr__(self) -> str:
         return self.name

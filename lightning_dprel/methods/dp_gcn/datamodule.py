@@ -24,14 +24,13 @@ import warnings
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
-from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch, SubgraphBatch
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
 from lightning_dprel.methods.dp_gcn.graph_splits import equal_random_split, keyed_split, split_edges
-from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
+from lightning_dprel.core.datamodule import PrivateDataModule
+from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec
 
 __all__ = ["NodeSplitDataModule", "MODES"]
@@ -51,8 +50,8 @@ class _Steps(IterableDataset):
             yield self.dm.next_batch()
 
 
-class NodeSplitDataModule(LightningDataModule):
-    """Subgraph examples of a node-classification graph for DP-GCN.
+class NodeSplitDataModule(PrivateDataModule):
+    """Subgraph examples of a node-classification graph for DP-GCN (privacy unit: a node in one subgraph).
 
     Args:
         source: a :class:`~lightning_dprel.datamodules.datasets.nodes.NodeSource` (e.g. ``WordNetNodes``).
@@ -62,12 +61,17 @@ class NodeSplitDataModule(LightningDataModule):
         full_graph_forward: paper-faithful only: each example's forward runs on the whole training graph (as the
             published code does; edges between subgraphs then leak across examples).
         split_seed: the paper-faithful equal-size split (public, data-dependent).
+        allow_row_ids: let row numbers serve as node ids when the graph has no ``node_id`` (provable mode refuses
+            otherwise: rows move when a node is removed).
         sampling_seed: None (default): the split key and the batches come from a secret keyed stream. An int makes them
             reproducible and voids the guarantee (a warning says so).
     """
 
+    privacy_unit = NODE_IN_SUBGRAPH.name
+
     def __init__(self, source: NodeSource, *, num_splits: int = 10, sampling_rate: float | None = None, mode: str = "provable",
-                 full_graph_forward: bool = False, split_seed: int = 0, sampling_seed: int | None = None) -> None:
+                 full_graph_forward: bool = False, split_seed: int = 0, sampling_seed: int | None = None,
+                 allow_row_ids: bool = False) -> None:
         super().__init__()
         if not isinstance(source, NodeSource):
             raise TypeError(f"`source` must be a NodeSource (e.g. WordNetNodes, SyntheticNodes), got {type(source).__name__}.")
@@ -81,7 +85,7 @@ class NodeSplitDataModule(LightningDataModule):
         if full_graph_forward and mode != "paper_faithful":
             raise ValueError("`full_graph_forward=True` reproduces the published pipeline and breaks the guarantee: it needs mode='paper_faithful'.")
         if sampling_seed is not None:
-            warnings.warn(SEEDED_WARNING.format(what=f"NodeSplitDataModule(sampling_seed={sampling_seed})"), UserWarning, stacklevel=2)
+            self.warn_seeded(f"NodeSplitDataModule(sampling_seed={sampling_seed})")
         if mode == "paper_faithful":
             warnings.warn(
                 "NodeSplitDataModule(mode='paper_faithful'): an equal-size split, a fixed order of lots"
@@ -90,6 +94,7 @@ class NodeSplitDataModule(LightningDataModule):
             )
         self.source, self.num_splits, self.sampling_rate, self.mode = source, num_splits, q, mode
         self.full_graph_forward, self.split_seed = bool(full_graph_forward), int(split_seed)
+        self.allow_row_ids = bool(allow_row_ids)
         self.stream = KeyedStream("node-batches", seed=sampling_seed, _warn=False)
         self.data = None
         self._step = 0
@@ -102,7 +107,7 @@ class NodeSplitDataModule(LightningDataModule):
         self._require()
         return SamplingSpec(num_nodes=s, num_edges=s, max_degree=1, sampling_rate=q, neg_per_pos=0,
                             expected_batch_size=q * s, steps_per_epoch=max(1, math.ceil(1.0 / q)),
-                            privacy_unit=NODE_IN_SUBGRAPH.name, num_units=max(1, int(self.data.train_mask.sum())))
+                            privacy_unit=self.privacy_unit, num_units=max(1, int(self.data.train_mask.sum())))
 
     @property
     def num_features(self) -> int:
@@ -130,7 +135,8 @@ class NodeSplitDataModule(LightningDataModule):
             raise ValueError(f"{self.source!r}: node features contain NaN or inf; clean them before training.")
         if int(data.train_mask.sum()) < self.num_splits:
             raise ValueError(f"{int(data.train_mask.sum())} training nodes cannot fill num_splits={self.num_splits} subgraphs.")
-        ids = stable_node_ids(data, repr(self.source))  # row numbers (warned) only for sources without ids
+        allow_rows = self.allow_row_ids or self.mode != "provable"
+        ids = stable_node_ids(data, repr(self.source), allow_rows=allow_rows)  # rows only if allowed (warned)
         if getattr(data, "node_id", None) is not ids:
             data = data.clone()
             data.node_id = ids
@@ -174,8 +180,7 @@ class NodeSplitDataModule(LightningDataModule):
         self._require()
         step, self._step = self._step, self._step + 1
         chosen = self.sampled(step)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            chosen = chosen[dist.get_rank() :: dist.get_world_size()]  # the sum is all-reduced by the DP optimizer
+        chosen = self.rank_share(chosen)  # the sum is all-reduced by the DP optimizer
         return SubgraphBatch([self.example(j) for j in chosen], expected_batch_size=self.sampling_rate * self.num_splits, step=step)
 
     # --- loaders -------------------------------------------------------------------------------------
@@ -194,8 +199,9 @@ class NodeSplitDataModule(LightningDataModule):
         return self._eval("test_mask")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self._step, "stream": self.stream.state_dict()}
+        return self.versioned({"step": self._step, "stream": self.stream.state_dict()})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_version(state)
         self._step = int(state["step"])
         self.stream.load_state_dict(state["stream"])

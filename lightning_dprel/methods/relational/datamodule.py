@@ -1,6 +1,6 @@
 """RelationalDataModule: any PyG graph → the coupled batches the entity-level analysis assumes.
 
-A thin LightningDataModule wiring three rooms: :mod:`datamodules.graph_prep` (public preparation: cleaning,
+A thin PrivateDataModule (privacy unit: an entity) wiring three rooms: :mod:`datamodules.graph_prep` (public preparation: cleaning,
 held-out split, degree capping, node inputs, evaluation queries), :mod:`datamodules.coupled_stream` (the
 training stream, Algorithm 3 with Algorithm 2 NEG-SAMPLE-WOR, on a keyed CSPRNG) and
 :mod:`datamodules.evaluation` (RankingBatch queries for PREC@1 and MRR, Section 5.2).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytorch_lightning import LightningDataModule
+from lightning_dprel.core.datamodule import PrivateDataModule
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -43,7 +43,7 @@ from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["RelationalDataModule", "derive_seed", "held_out_mask", "slice_rows"]
 
-class RelationalDataModule(LightningDataModule):
+class RelationalDataModule(PrivateDataModule):
     """Coupled relational sampling (Algorithms 2-3) over any PyG graph, for entity-level DP training.
 
     Graph preparation (:meth:`setup`, identical on every rank; :func:`datamodules.graph_prep.prepare`):
@@ -72,7 +72,7 @@ class RelationalDataModule(LightningDataModule):
 
     DDP: every rank draws the same global batch; ``max_freq`` is computed on the global batch; rank r then
     keeps a contiguous block of rows (:func:`slice_rows`). World size and rank come from the attached
-    trainer (else 1, 0). The loaders wrap ``IterableDataset``s, which Lightning 2.x never re-wraps with a
+    trainer, else ``torch.distributed`` (else 1, 0). The loaders wrap ``IterableDataset``s, which Lightning 2.x never re-wraps with a
     ``DistributedSampler``, so no ``use_distributed_sampler=False`` is needed.
 
     Validation vs test: with a validation graph (``val_source``, or a GraphSource whose ``load()`` gives
@@ -288,10 +288,7 @@ class RelationalDataModule(LightningDataModule):
         return self.stream
 
     def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is None:
-            return 0, 1
-        return int(trainer.global_rank), int(trainer.world_size)
+        return self.world()
 
     # ---------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
