@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pytorch_lightning import LightningDataModule, LightningModule, Trainer
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningCLI
 
+from lightning_dprel.callbacks.resume import ResumeHint
 from lightning_dprel.progress import step_progress_bar
 
 __all__ = ["DPRelCLI", "main", "format_report"]
@@ -106,6 +108,16 @@ def _refuse_cli_optimizers(model: Any, optimizer: Any, lr_scheduler: Any) -> Non
     )
 
 
+_HELP_DESCRIPTION = (
+    "lightning_dprel: differentially private relational learning. Subcommands: fit | validate | test | predict "
+    "(LightningCLI, below) and export (write a trained checkpoint's weights, privacy report and ledger)."
+)
+_HELP_EPILOG = (
+    "export: python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder> [--delta D] writes the trained "
+    "weights, privacy.json and ledger.json, without secrets (python -m lightning_dprel export --help)."
+)
+
+
 class DPRelCLI(LightningCLI):
     """LightningCLI whose ``fit`` also reports the base encoder and the privacy spent.
 
@@ -116,10 +128,13 @@ class DPRelCLI(LightningCLI):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args", args[0] if args else None)
+        self._argv = [str(a) for a in (sys.argv[1:] if given is None else given)]  # for the resume hint on Ctrl-C
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 0)
+        kwargs["parser_kwargs"] = {"description": _HELP_DESCRIPTION, "epilog": _HELP_EPILOG, **(kwargs.get("parser_kwargs") or {})}
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -152,12 +167,16 @@ class DPRelCLI(LightningCLI):
             match(getattr(self.model, "encoder", None))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The configured trainer, with a progress bar that counts steps (no "Epoch 0/-2") when bars are on."""
+        """The configured trainer, with a progress bar that counts steps (no "Epoch 0/-2") when bars are on, and a
+        :class:`~lightning_dprel.callbacks.ResumeHint` that prints the resume command on Ctrl-C."""
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        sub = [self.subcommand] if self.subcommand and self._argv[:1] != [self.subcommand] else []
+        extra = [ResumeHint([*sub, *self._argv])]
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in callbacks):
-            kwargs["callbacks"] = [*callbacks, step_progress_bar()]
+            extra.append(step_progress_bar())
+        kwargs["callbacks"] = [*callbacks, *extra]
         return super().instantiate_trainer(**kwargs)
 
     def _sub(self, key: str) -> Any:
@@ -199,7 +218,7 @@ class DPRelCLI(LightningCLI):
         if not path:
             return None
         target = Path(path) if Path(path).is_absolute() else Path(self.trainer.default_root_dir) / path
-        self.trainer.save_checkpoint(str(target))
+        self.trainer.save_checkpoint(str(target), weights_only=False)  # the whole state: ledger, optimizer, callbacks
         return str(target)
 
     def _selection_summary(self) -> dict[str, Any] | None:
@@ -243,4 +262,6 @@ def main(args: list[str] | None = None) -> Any:
         from lightning_dprel.export import export_main
 
         return export_main(argv[1:])
-    return DPRelCLI(args=args)
+    with warnings.catch_warnings():  # args given in Python (tests, scripts) win over sys.argv: Lightning's hint is moot
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
+        return DPRelCLI(args=args)

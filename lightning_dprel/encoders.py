@@ -23,6 +23,7 @@ import importlib
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -288,8 +289,12 @@ class TextEncoder(nn.Module):
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(target_modules))
-            model = get_peft_model(model, lora)
-        self.model = model
+            with warnings.catch_warnings():  # PEFT reads transformers' deprecated alias: theirs to update
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+                model = get_peft_model(model, lora)
+        # from_pretrained returns the model in eval mode, and Lightning (≥ 2.2) keeps each submodule's mode: without this
+        # the dropouts (hidden_dropout, lora_dropout) would never act in training. Evaluation switches to eval() itself.
+        self.model = model.train()
         self.model_name = model_name
         self.embedding_dim = int(config.hidden_size)
         self.vocab_size = int(config.vocab_size)

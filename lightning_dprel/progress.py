@@ -11,13 +11,14 @@ validation graph, new texts), and nothing when progress bars are off.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 
-__all__ = ["StepRichProgressBar", "StepTQDMProgressBar", "step_progress_bar", "chunk_progress"]
+__all__ = ["StepRichProgressBar", "StepTQDMProgressBar", "step_progress_bar", "chunk_progress", "ProgressLog"]
 
 
 class _CountsSteps:
@@ -86,3 +87,37 @@ def chunk_progress(module: Any, total: int, chunk: int, description: str = "embe
         for start in starts:
             yield start
             shown.update(min(chunk, total - start))
+
+
+class ProgressLog:
+    """Log lines with an estimate for a long phase outside the trainer's bar (embedding texts, preparing graphs).
+
+    One line at the start, then one at most every ``every`` seconds with done/total, elapsed time and an estimate of
+    what is left, and one at the end. Lines go through Lightning's rank-zero logger (shown by the CLI; nothing on
+    other ranks). ``enabled=False`` makes every call a no-op.
+    """
+
+    def __init__(self, what: str, total: int, *, unit: str = "items", every: float = 5.0, enabled: bool = True) -> None:
+        self.what, self.total, self.unit, self.every, self.enabled = what, int(total), unit, float(every), bool(enabled)
+        self.start = self.last = time.monotonic()
+        self._say(f"{what}: {self.total:,} {unit} …")
+
+    def _say(self, line: str) -> None:
+        if self.enabled:
+            from pytorch_lightning.utilities.rank_zero import rank_zero_info
+
+            rank_zero_info(line)
+
+    def update(self, done: int) -> None:
+        """Report ``done`` of ``total`` if ``every`` seconds passed since the last line."""
+        now = time.monotonic()
+        if now - self.last < self.every or done <= 0 or done >= self.total:
+            return
+        self.last, elapsed = now, now - self.start
+        left = elapsed * (self.total - done) / done
+        self._say(f"{self.what}: {done:,}/{self.total:,} {self.unit} ({100 * done / self.total:.0f} %), "
+                  f"{elapsed:.0f} s elapsed, ~{left:.0f} s left")
+
+    def close(self) -> None:
+        """The closing line with the total time."""
+        self._say(f"{self.what}: {self.total:,} {self.unit} done in {time.monotonic() - self.start:.1f} s")

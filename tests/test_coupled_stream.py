@@ -111,13 +111,15 @@ def test_a_secret_and_a_seeded_stream_do_not_resume_each_other():
 def test_state_loaded_before_setup_is_applied_at_setup():
     dm = _dm(sampling_seed=2)
     dm.seek(2, 1)
-    early = RelationalDataModule(GRAPH, expected_batch_size=8, neg_per_pos=2, seed=3, steps_per_epoch=4, sampling_seed=2)
+    with pytest.warns(UserWarning, match=r"sampling_seed=<int>\) makes the training batches reproducible"):
+        early = RelationalDataModule(GRAPH, expected_batch_size=8, neg_per_pos=2, seed=3, steps_per_epoch=4, sampling_seed=2)
     early.load_state_dict(dm.state_dict())
     assert early.state_dict()["epoch"] == 2
     early.setup("fit")
     assert _same(next(iter(early.train_dataloader())), next(iter(dm.train_dataloader())))
 
 
+@pytest.mark.filterwarnings("ignore:You passed in a `val_dataloader` but have no `validation_step`")  # Rec: training only
 def test_trainer_checkpoint_of_a_secret_stream_holds_no_key(tmp_path):
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint

@@ -7,6 +7,7 @@ once. After several steps the parameters must equal those of a single process on
 
 from __future__ import annotations
 
+import pytest
 import torch
 from pytorch_lightning import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader
@@ -65,6 +66,10 @@ def _fit(devices, strategy, folder):
     trainer.fit(module, datamodule=SlicedBatches())
 
 
+@pytest.mark.filterwarnings(  # a seeded, untracked fit of a training-only datamodule: ranks and one process compared
+    "ignore:DPRelationalModule(\\(noise_seed=<int>\\)|. private fit without a PrivacyCallback|. no SamplingSpec)",
+    "ignore:You defined a `validation_step` but have no `val_dataloader`",
+)
 def test_two_process_ddp_matches_one_process(tmp_path):
     _fit(1, "auto", tmp_path)
     _fit(2, "ddp_spawn", tmp_path)

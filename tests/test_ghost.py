@@ -191,6 +191,7 @@ def test_auto_chunk_size_follows_the_memory_budget():
 
 
 @pytest.mark.parametrize("mode", ["ghost", "vmap"])
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")  # training only
 def test_module_modes_train_to_the_same_parameters(mode):
     """Two σ = 0 clipped steps through the Lightning module: ghost and vmap paths give the same model."""
     from pytorch_lightning import Trainer

@@ -53,6 +53,7 @@ def test_a_step_that_drops_non_finite_tuples_says_so():
     assert dp.last_step_stats["dropped"] == 2.0
 
 
+@pytest.mark.filterwarnings("ignore:The number of training batches .* is smaller than the logging interval")  # on purpose
 def test_epsilon_reaches_the_loggers_every_step_and_is_kept_as_history():
     spec, sigma, mech = make_spec(K=4, k=3, gamma=0.02), 1.1, "freq_corrected"
     callback, module, logger = PrivacyCallback(), module_for(mech, sigma), MemoryLogger()

@@ -21,6 +21,13 @@ from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.relational.sampling import max_freq
 from lightning_dprel.demos.tuple_batches import build_tuple_batch, ranking_batch, sample_coupled
 
+# The fits here use plain loaders: no validation loader, and (allow_untracked=True) neither a PrivacyCallback nor a
+# SamplingSpec; the module warns about both by design (asserted in test_privacy_ledger / test_secret_randomness).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:You defined a `validation_step` but have no `val_dataloader`",
+    "ignore:DPRelationalModule. (private fit without a PrivacyCallback|no SamplingSpec for this untracked private fit)",
+)
+
 
 def _identity(x):
     return x
@@ -179,6 +186,7 @@ def test_cli_builds_module_from_plain_init_args():
     cli = LightningCLI(
         DPRelationalModule,
         run=False,
+        seed_everything_default=False,  # building the module needs no global seed
         args=[
             "--model.encoder.class_path=lightning_dprel.encoders.MLPEncoder",
             "--model.encoder.init_args.in_dim=8",
@@ -245,6 +253,7 @@ def test_empty_batch_is_a_noised_step():
         assert changed == moves
 
 
+@pytest.mark.filterwarnings("ignore:DPRelationalModule\\(noise_seed")
 def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
     batches = _feature_batches(6)
     straight = _module(1.0, "freq", noise_seed=11)
@@ -262,7 +271,7 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-@pytest.mark.filterwarnings("ignore:DPRelationalModule\\(noise_seed")
+@pytest.mark.filterwarnings("ignore:DPRelationalModule\\((noise_seed|log_train_metrics)")
 def test_learns_on_synthetic_graph_without_and_with_noise():
     batches = _feature_batches(60)
     rank_loader = _loader([ranking_batch(GRAPH.edge_index.t()[:150], {"x": GRAPH.x}, GRAPH.num_nodes)])

@@ -57,6 +57,7 @@ def _recording(module: DPRelationalModule) -> list[torch.Tensor]:
 
 
 def _trainer(callbacks, **kw) -> Trainer:
+    kw.setdefault("enable_checkpointing", False)  # else Lightning's default checkpoint lands in ./checkpoints
     return Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
                    accelerator="cpu", devices=1, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1, **kw)
 

@@ -76,6 +76,7 @@ def test_a_second_fit_stops_where_the_budget_of_all_steps_ends():
     assert module.privacy_ledger.private_steps == 14 and again.epsilon <= target  # 4 more, not 10
 
 
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")  # resumed without the ModelCheckpoint, on purpose
 def test_resume_from_an_earlier_checkpoint_charges_every_ledger_step(tmp_path):
     from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -221,7 +222,8 @@ def test_budget_is_a_pure_decision():
 def test_a_run_accounted_by_eq3_can_be_charged_with_the_corrected_bound_but_not_the_reverse():
     """Issue 15: the audit reports the corrected ε of a FREQ-CLIP run trained with the paper's accounting."""
     module, dm = _module(clipping="freq", accounting="paper"), _dm()
-    _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=6).fit(module, datamodule=dm)
+    with pytest.warns(UserWarning, match="Proposition 4.1"):  # the paper's Eq. 3 is named as such
+        _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=6).fit(module, datamodule=dm)
     ledger = module.privacy_ledger
     paper, corrected = ledger.epsilon(1e-5), ledger.epsilon(1e-5, mechanism="freq_corrected")
     assert corrected == pytest.approx(_independent_eps("freq_corrected", [(dm.sampling_spec, 1.5, 6)], 1e-5), rel=1e-9)

@@ -16,6 +16,10 @@ from lightning_dprel.methods.relational.batch import RankingBatch, TupleBatch
 from lightning_dprel.demos import random_feature_graph, random_text_graph, save_tiny_bert
 from lightning_dprel.methods.relational.sampling import cap_degree, max_freq, to_simple_undirected
 
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:RelationalDataModule\(sampling_seed=<int>\)", "ignore:RelationalDataModule has no validation graph"
+)
+
 
 def _feature_dm(**kwargs) -> RelationalDataModule:
     opts = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, "sampling_seed": 7, **kwargs}
@@ -196,6 +200,7 @@ class _Recorder:
         return Rec()
 
 
+@pytest.mark.filterwarnings("ignore:You passed in a `val_dataloader`", "ignore:Be aware that when using `ckpt_path`")
 def test_trainer_mid_epoch_resume_draws_the_same_batches(tmp_path):
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -393,6 +398,7 @@ def test_fake_dataset_directly_and_through_pyg_source():
     assert via.sampling_spec.num_nodes >= 1 and int(torch.bincount(via.train_edges.flatten()).max()) <= 5
 
 
+@pytest.mark.filterwarnings("ignore:Unable to accurately infer 'num_nodes'")
 def test_stochastic_block_model_dataset(tmp_path):
     pytest.importorskip("sklearn")  # StochasticBlockModelDataset.process imports scikit-learn
     from torch_geometric.transforms import LocalDegreeProfile

@@ -58,6 +58,7 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 
 @pytest.mark.parametrize("kind", ["mlp", "adapter", "text"])
+@pytest.mark.filterwarnings(r"ignore:DPRelationalModule\(noise_seed=<int>\)")
 def test_load_from_checkpoint_rebuilds_the_encoder(kind, tmp_path, monkeypatch):
     module, dm, trainer = _fit(kind, tmp_path, monkeypatch)
     path = tmp_path / "model.ckpt"

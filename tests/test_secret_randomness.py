@@ -103,6 +103,10 @@ def _fit_two_steps(**kw):
     return trainer
 
 
+@pytest.mark.filterwarnings(  # two plain-loader fits without a PrivacyCallback (allow_untracked=True), no validation
+    "ignore:DPRelationalModule. (private fit without a PrivacyCallback|no SamplingSpec for this untracked private fit)",
+    "ignore:You defined a `validation_step` but have no `val_dataloader`",
+)
 def test_nothing_from_the_private_batch_is_logged_by_default():
     trainer = _no_user_warning(_fit_two_steps, "outside the differential-privacy guarantee")
     assert not {"train_loss", "train_clipped_fraction"} & set(trainer.callback_metrics)
@@ -169,6 +173,10 @@ class _Seen(Callback):
         self.seen.append((batch.step, batch.pos.tolist()))
 
 
+@pytest.mark.filterwarnings(  # untracked fits; the resume leaves the ModelCheckpoint out on purpose
+    "ignore:DPRelationalModule. (private fit without a PrivacyCallback|no SamplingSpec for this untracked private fit)",
+    "ignore:Be aware that when using `ckpt_path`",
+)
 def test_trainer_mid_epoch_resume_with_a_secret_sampling_key(tmp_path):
     """A secret stream's key is never checkpointed: the resumed run continues the position with fresh batches."""
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -193,6 +201,7 @@ def test_trainer_mid_epoch_resume_with_a_secret_sampling_key(tmp_path):
 
 
 # ----------------------------------------------------------------------------- held-out split
+@pytest.mark.filterwarnings("ignore:max_degree K = 10,000 is far above")  # no capping here (the warning: test_accounting_scale_and_curves)
 def test_held_out_split_is_per_relation_and_stable_under_node_removal():
     graph = random_feature_graph(300, 2000, seed=4)
     full = _dm_split(graph)

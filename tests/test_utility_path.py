@@ -16,6 +16,9 @@ from lightning_dprel.encoders import MLPEncoder, ResidualAdapter
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.transforms import EmbedText
 
+# Utility checks compare runs: fixed batches and noise on purpose (the seeds' warnings are asserted in test_secret_randomness).
+pytestmark = pytest.mark.filterwarnings("ignore:(DPRelationalModule\\(noise_seed|RelationalDataModule\\(sampling_seed)=<int>\\)")
+
 
 def _trainer(**kw):
     base = dict(
@@ -60,6 +63,7 @@ def _mean_loss(module: DPRelationalModule, batches) -> float:
 # --- clipped training at σ = 0 must keep learning -------------------------------------------------------
 
 @pytest.mark.parametrize("clipping", ["standard", "freq"])
+@pytest.mark.filterwarnings("ignore:DPRelationalModule\\(diagnostics=True\\)")  # asserted in the next test
 def test_clipped_training_at_sigma_zero_learns_like_unclipped(clipping):
     """Loss drop of clipped σ = 0 training ≥ 0.5 × the unclipped drop (same batches, same steps, Adam).
 
@@ -91,11 +95,13 @@ def test_clipped_training_at_sigma_zero_learns_like_unclipped(clipping):
 def test_diagnostics_record_norms_cosines_and_update():
     dm = _dm()
     dm.setup("fit")
-    module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard", clip_norm=0.5,
-                                noise_multiplier=2.0, noise_seed=0, diagnostics=True, allow_untracked=True)
+    with pytest.warns(UserWarning, match="outside the differential-privacy guarantee"):
+        module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard", clip_norm=0.5,
+                                    noise_multiplier=2.0, noise_seed=0, diagnostics=True, allow_untracked=True)
     with pytest.warns(UserWarning, match="outside the differential-privacy guarantee"):
         DPRelationalModule(MLPEncoder(16), diagnostics=True)
-    _trainer(max_steps=3).fit(module, dm)
+    with pytest.warns(UserWarning, match="without a PrivacyCallback"):
+        _trainer(max_steps=3).fit(module, dm)
     s = module._dp_optimizer.last_step_stats
     for key in ("norm_q10", "norm_q50", "norm_q90", "cos_clipped_unclipped", "clipped_sum_norm", "noise_norm", "update_norm"):
         assert key in s and s[key] == s[key], key
@@ -148,6 +154,15 @@ def test_selection_keeps_the_base_model_when_training_hurts():
         for n, p in module.named_parameters():
             assert torch.equal(p.detach(), base[n])
     assert module.ranking_metrics(dm.val_dataloader())["mrr"] == pytest.approx(max(scores))
+
+
+def test_selection_also_evaluates_a_last_step_between_its_checks():
+    """max_steps not a multiple of every_n_steps: the last iterate is a candidate too (and nothing logs in on_train_end)."""
+    dm = _dm()
+    module = DPRelationalModule(ResidualAdapter(16, rank=4), clipping="none", noise_multiplier=0.0, lr=1e-2, noise_seed=0)
+    sel = ValidationSelection(every_n_steps=4)
+    _trainer(max_steps=6, callbacks=[sel]).fit(module, dm)
+    assert [h["step"] for h in sel.history] == [0, 4, 6]
 
 
 def test_selection_restores_a_trained_iterate_and_refuses_test_selection():

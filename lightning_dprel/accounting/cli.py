@@ -4,7 +4,11 @@
         --neg-per-pos k --noise-multiplier S --steps T [--delta D] --clipping {freq,standard,naive} \
         [--accounting {corrected,paper}] [--json] [--plot PATH.png]
     python -m lightning_dprel.accounting noise-multiplier … --target-epsilon E [--json] [--plot PATH.png]
+    python -m lightning_dprel.accounting plot --nodes N --edges M --max-degree K --sampling-rate G \
+        --neg-per-pos k --noise-multiplier S --steps T [--delta D] --out PATH.png [--json]
 
+``plot`` writes the Figure-2-like comparison (ε against T ≤ the given steps for the paper's Eq. 3, the corrected
+FREQ-CLIP, standard clipping and the naive bound; matplotlib's Agg backend) and prints ε after T steps of each.
 ``--delta`` defaults to 1/M (the paper's δ = 1/|E_train|); ``--accounting`` applies to ``freq`` only. A δ that is
 not below 1/N is warned about (as the privacy callback does). Imports numpy and scipy only (no torch).
 """
@@ -41,7 +45,7 @@ def mechanism_name(clipping: str, accounting: str = "corrected") -> str:
     return f"freq_{accounting}" if clipping == "freq" else clipping
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, required=True, help="n = |V|")
     p.add_argument("--edges", type=int, required=True, help="m = |Ē|, edges after degree capping")
     p.add_argument("--max-degree", type=int, required=True, help="K, the degree cap")
@@ -49,6 +53,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--neg-per-pos", type=int, required=True, help="k, negatives per positive")
     p.add_argument("--steps", type=int, required=True, help="T, training steps")
     p.add_argument("--delta", type=float, default=None, help="δ (default 1/M)")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    _add_sampling(p)
     p.add_argument("--clipping", choices=("freq", "standard", "naive"), required=True)
     p.add_argument("--accounting", choices=("corrected", "paper"), default="corrected",
                    help="for --clipping freq: 'corrected' (default, holds) or 'paper' (Eq. 3 as published)")
@@ -65,7 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
     p_sig = sub.add_parser("noise-multiplier", help="smallest σ with ε ≤ --target-epsilon after T steps")
     _add_common(p_sig)
     p_sig.add_argument("--target-epsilon", type=float, required=True, help="ε*")
+    p_plot = sub.add_parser("plot", help="save a Figure-2-like ε-vs-T comparison of the four bounds (PNG)")
+    _add_sampling(p_plot)
+    p_plot.add_argument("--noise-multiplier", type=float, required=True, help="σ")
+    p_plot.add_argument("--out", metavar="PATH.png", required=True, help="the image to write")
+    p_plot.add_argument("--json", action="store_true", help="print one JSON object (the curves)")
     return parser
+
+
+def _plot_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The ``plot`` command: write the comparison to ``--out`` and print ε after T steps of each bound."""
+    try:
+        sampling = _sampling(args)
+        delta = args.delta if args.delta is not None else 1.0 / args.edges
+        warn_delta(delta, args.nodes)
+        curves = plot_comparison(args.out, sampling, args.noise_multiplier, delta, args.steps)
+    except (ValueError, TypeError) as err:
+        parser.error(str(err))
+    final = {mech: curves[mech][-1] for mech, _ in PLOT_CURVES}
+    if args.json:
+        print(json.dumps({"plot": args.out, "delta": delta, "noise_multiplier": args.noise_multiplier, "epsilon": final, **curves}))
+    else:
+        print(f"wrote {args.out}; epsilon after {args.steps} steps (delta = {delta:.3g}, sigma = {args.noise_multiplier:g}): "
+              + ", ".join(f"{mech} {eps:.6g}" for mech, eps in final.items()))
+    return 0
 
 
 def _sampling(args: argparse.Namespace) -> SamplingSpec:
@@ -120,6 +151,8 @@ def plot_comparison(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return _plot_main(parser, args)
     try:
         sampling = _sampling(args)
         delta = args.delta if args.delta is not None else 1.0 / args.edges

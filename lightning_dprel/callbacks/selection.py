@@ -64,7 +64,7 @@ class ValidationSelection(Callback):
     def _trainable(pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.requires_grad}
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, log: bool = True) -> None:
         step = int(trainer.global_step)
         if step == self._last_step:
             return
@@ -72,7 +72,8 @@ class ValidationSelection(Callback):
         metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
         record = {"step": step, "prec1": metrics["prec1"], "mrr": metrics["mrr"]}
         self.history.append(record)
-        pl_module.log(f"selection_val_{self.monitor}", record[self.monitor], batch_size=1)
+        if log:  # Lightning allows no self.log in on_train_end
+            pl_module.log(f"selection_val_{self.monitor}", record[self.monitor], batch_size=1)
         if record[self.monitor] > self.best_score:
             self.best_score, self.best_step = record[self.monitor], step
             self._best_state = self._trainable(pl_module)
@@ -95,7 +96,7 @@ class ValidationSelection(Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._evaluate(trainer, pl_module)
+        self._evaluate(trainer, pl_module, log=False)  # the last step, when it is not a multiple of every_n_steps
         if self.restore_best and self._best_state is not None:
             params = dict(pl_module.named_parameters())
             with torch.no_grad():

@@ -13,6 +13,7 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,10 @@ from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NoiseSpec
 
 __all__ = ["PrivateModule", "refuse_unsafe_trainer_settings", "privacy_delta", "OPTIMIZERS"]
+
+# Lightning warns (16 lines) that a ModelCheckpoint under manual optimization saves the state *after* the step. For a
+# private module that is the state to resume from: the step's release is in the ledger and the parameters match it.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 

@@ -15,7 +15,7 @@ from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-__all__ = ["make_spec", "BoringPrivateModule", "SpecDataModule"]
+__all__ = ["make_spec", "BoringPrivateModule", "SpecDataModule", "InterruptAt"]
 
 
 def make_spec(*, n=2000, m=5000, K=3, gamma=0.01, k=2, steps_per_epoch=8) -> SamplingSpec:
@@ -77,3 +77,17 @@ class SpecDataModule(pl.LightningDataModule):
     def train_dataloader(self):
         n = self.spec.steps_per_epoch if self.spec is not None else 8
         return DataLoader(TensorDataset(torch.arange(float(n))), batch_size=1)
+
+
+class InterruptAt(pl.Callback):
+    """Presses Ctrl-C (raises ``KeyboardInterrupt``) after training step ``step``, once: a ``flag_file`` remembers it."""
+
+    def __init__(self, step: int, flag_file: str) -> None:
+        self.step, self.flag_file = int(step), flag_file
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import os
+
+        if trainer.global_step >= self.step and not os.path.exists(self.flag_file):
+            open(self.flag_file, "w").close()
+            raise KeyboardInterrupt

@@ -51,27 +51,28 @@ class _Steps(IterableDataset):
 
 
 class NodeSplitDataModule(PrivateDataModule):
-    """Subgraph examples of a node-classification graph for DP-GCN (privacy unit: a node in one subgraph).
-
-    Args:
-        source: a :class:`~lightning_dprel.datamodules.datasets.nodes.NodeSource` (e.g. ``WordNetNodes``).
-        num_splits: s ≥ 1 subgraphs (1: the whole training graph is one example, "DP-GCN without splits").
-        sampling_rate: q in (0, 1], each subgraph's chance to be in a step (default: 1 for s = 1, else min(1, 10/s)).
-        mode: ``"provable"`` (default) or ``"paper_faithful"``.
-        full_graph_forward: paper-faithful only: each example's forward runs on the whole training graph (as the
-            published code does; edges between subgraphs then leak across examples).
-        split_seed: the paper-faithful equal-size split (public, data-dependent).
-        allow_row_ids: let row numbers serve as node ids when the graph has no ``node_id`` (provable mode refuses
-            otherwise: rows move when a node is removed).
-        sampling_seed: None (default): the split key and the batches come from a secret keyed stream. An int makes them
-            reproducible and voids the guarantee (a warning says so).
-    """
+    """Subgraph examples of a node-classification graph for DP-GCN (privacy unit: a node in one subgraph)."""
 
     privacy_unit = NODE_IN_SUBGRAPH.name
 
     def __init__(self, source: NodeSource, *, num_splits: int = 10, sampling_rate: float | None = None, mode: str = "provable",
                  full_graph_forward: bool = False, split_seed: int = 0, sampling_seed: int | None = None,
                  allow_row_ids: bool = False) -> None:
+        """Check and keep the options; the graph is loaded and split in :meth:`setup`.
+
+        Args:
+            source: a :class:`~lightning_dprel.datamodules.datasets.nodes.NodeSource` (e.g. ``WordNetNodes``).
+            num_splits: s ≥ 1 subgraphs (1: the whole training graph is one example, "DP-GCN without splits").
+            sampling_rate: q in (0, 1], each subgraph's chance to be in a step (default: 1 for s = 1, else min(1, 10/s)).
+            mode: ``"provable"`` (default) or ``"paper_faithful"``.
+            full_graph_forward: paper-faithful only: each example's forward runs on the whole training graph (as the
+                published code does; edges between subgraphs then leak across examples).
+            split_seed: the paper-faithful equal-size split (public, data-dependent).
+            allow_row_ids: let row numbers serve as node ids when the graph has no ``node_id`` (provable mode refuses
+                otherwise: rows move when a node is removed).
+            sampling_seed: None (default): the split key and the batches come from a secret keyed stream. An int makes them
+                reproducible and voids the guarantee (a warning says so).
+        """
         super().__init__()
         if not isinstance(source, NodeSource):
             raise TypeError(f"`source` must be a NodeSource (e.g. WordNetNodes, SyntheticNodes), got {type(source).__name__}.")

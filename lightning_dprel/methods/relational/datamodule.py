@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
+from torch_geometric.transforms import BaseTransform
 
 from lightning_dprel.methods.relational.coupled_stream import (
     STATE_VERSION,
@@ -86,38 +87,6 @@ class RelationalDataModule(PrivateDataModule):
     without replacement from V minus {u, v} (fixed at setup). Rankings are raw (other true neighbours of u are
     not filtered). In DDP each rank takes a contiguous block of queries, with as many batches on every rank.
 
-    Args:
-        source: the training graph: a :class:`GraphSource` (its ``load()`` gives train and optional test
-            graph), a PyG ``Data``, or a PyG ``Dataset`` (its first graph).
-        test_source: a separate (zero-shot) test graph; a GraphSource contributes its ``test`` graph, or its
-            ``train`` graph when it has none. Default: the source's own test graph, else a held-out split.
-        val_source: a separate public validation graph (neither training nor test); a GraphSource contributes
-            its ``val`` graph, or its ``train`` graph when it has none. Default: the source's own ``val`` graph.
-        directed: keep each training relation's orientation (as first listed, e.g. child → parent) after
-            capping, for directed scores (``score="directed_cosine"``). Capping, sampling and the privacy
-            analysis are unchanged; only the order of ``TupleBatch.pos`` columns follows the data.
-        transform: a callable applied to every graph (train, validation, test) before its node inputs are
-            cached, e.g. :class:`~lightning_dprel.transforms.EmbedText` (frozen text embeddings as ``data.x``).
-        max_degree: K ≥ 1 (default: 5, the paper's).
-        capping: ``"drop"`` (seeded edge dropping) or ``"assert"`` (raise if any degree exceeds K).
-        expected_batch_size: b > 0, at most m; γ = b/m.
-        neg_per_pos: k ≥ 0 negatives per positive.
-        tokenizer: a model name or path resolved by :func:`lightning_dprel.demos.resolve_pretrained` and loaded
-            with ``AutoTokenizer``; nodes use ``data.text``. None (default): the text encoder's own tokenizer when the
-            trainer's module has one (``module.encoder.tokenizer_name``), else dense ``data.x``. A tokenizer that does
-            not match the module's encoder is refused in :meth:`setup` (:meth:`match_encoder`).
-        max_length: token length of the cached node texts; training batches are padded to it (evaluation
-            batches are trimmed to their longest text).
-        test_fraction: share of relations held out when there is no test graph, in (0, 1).
-        eval_candidates: None (rank against all test nodes) or N (v plus N sampled negatives).
-        max_eval_queries: at most this many test relations (a seeded subset); None for all.
-        eval_batch_size: queries per RankingBatch.
-        seed: the PUBLIC preprocessing seed (held-out split, capping priorities, evaluation queries).
-        sampling_seed: None (default): secret training batches (key from ``os.urandom``). An int in
-            [0, 2^64): reproducible batches for tests and experiments; public, so it voids the guarantee.
-        steps_per_epoch: draws per epoch; None for ceil(1/γ).
-        max_overflow_probability: refuse a configuration when P(|E⁺|·k > n) exceeds this (binomial tail).
-
     Attributes (after :meth:`setup`):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for the accountant.
         train_edges: ``[2, m]`` capped training relations (canonical u < v unless ``directed``).
@@ -147,7 +116,7 @@ class RelationalDataModule(PrivateDataModule):
         *,
         test_source: GraphSource | Data | PyGDataset | None = None,
         val_source: GraphSource | Data | PyGDataset | None = None,
-        transform: Any = None,
+        transform: BaseTransform | None = None,
         directed: bool = False,
         max_degree: int = 5,
         capping: str = "drop",
@@ -164,6 +133,40 @@ class RelationalDataModule(PrivateDataModule):
         steps_per_epoch: int | None = None,
         max_overflow_probability: float = 1e-9,
     ) -> None:
+        """Check and keep the options (the class docstring describes the pipeline); graphs are read in :meth:`setup`.
+
+        Args:
+            source: the training graph: a :class:`GraphSource` (its ``load()`` gives train and optional test
+                graph), a PyG ``Data``, or a PyG ``Dataset`` (its first graph).
+            test_source: a separate (zero-shot) test graph; a GraphSource contributes its ``test`` graph, or its
+                ``train`` graph when it has none. Default: the source's own test graph, else a held-out split.
+            val_source: a separate public validation graph (neither training nor test); a GraphSource contributes
+                its ``val`` graph, or its ``train`` graph when it has none. Default: the source's own ``val`` graph.
+            directed: keep each training relation's orientation (as first listed, e.g. child → parent) after
+                capping, for directed scores (``score="directed_cosine"``). Capping, sampling and the privacy
+                analysis are unchanged; only the order of ``TupleBatch.pos`` columns follows the data.
+            transform: a callable applied to every graph (train, validation, test) before its node inputs are
+                cached, e.g. :class:`~lightning_dprel.transforms.EmbedText` (frozen text embeddings as ``data.x``).
+            max_degree: K ≥ 1 (default: 5, the paper's).
+            capping: ``"drop"`` (seeded edge dropping) or ``"assert"`` (raise if any degree exceeds K).
+            expected_batch_size: b > 0, at most m; γ = b/m.
+            neg_per_pos: k ≥ 0 negatives per positive.
+            tokenizer: a model name or path resolved by :func:`lightning_dprel.demos.resolve_pretrained` and loaded
+                with ``AutoTokenizer``; nodes use ``data.text``. None (default): the text encoder's own tokenizer when the
+                trainer's module has one (``module.encoder.tokenizer_name``), else dense ``data.x``. A tokenizer that does
+                not match the module's encoder is refused in :meth:`setup` (:meth:`match_encoder`).
+            max_length: token length of the cached node texts; training batches are padded to it (evaluation
+                batches are trimmed to their longest text).
+            test_fraction: share of relations held out when there is no test graph, in (0, 1).
+            eval_candidates: None (rank against all test nodes) or N (v plus N sampled negatives).
+            max_eval_queries: at most this many test relations (a seeded subset); None for all.
+            eval_batch_size: queries per RankingBatch.
+            seed: the PUBLIC preprocessing seed (held-out split, capping priorities, evaluation queries).
+            sampling_seed: None (default): secret training batches (key from ``os.urandom``). An int in
+                [0, 2^64): reproducible batches for tests and experiments; public, so it voids the guarantee.
+            steps_per_epoch: draws per epoch; None for ceil(1/γ).
+            max_overflow_probability: refuse a configuration when P(|E⁺|·k > n) exceeds this (binomial tail).
+        """
         super().__init__()
         check_int("max_degree", max_degree, 1, " The cap K must allow at least one edge per node.")
         check_int("neg_per_pos", neg_per_pos, 0)

@@ -9,6 +9,7 @@ References:
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from torch_geometric.data import Dataset as PyGDataset
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.methods.relational.evaluation import EvalSet, eval_queries
 from lightning_dprel.methods.relational.sampling import cap_degree, edge_priority, to_simple_undirected
+from lightning_dprel.progress import ProgressLog
+from lightning_dprel.transforms import check_node_texts
 
 __all__ = [
     "PreparedGraphs",
@@ -33,8 +36,10 @@ __all__ = [
     "count_nodes",
     "oriented_relations",
     "node_inputs",
+    "check_node_texts",
     "check_finite_features",
     "report_capping",
+    "report_cleaning",
     "FAR_ABOVE_FACTOR",
 ]
 
@@ -102,7 +107,8 @@ def count_nodes(data: Data, name: str) -> int:
 
 def oriented_relations(data: Data, num_nodes: int, name: str) -> Tensor:
     """The graph's relations, cleaned by :func:`~lightning_dprel.methods.relational.sampling.to_simple_undirected` (self-loops,
-    duplicates and reverse duplicates removed), each kept in its first listed orientation."""
+    duplicates and reverse duplicates removed, each step's count logged by :func:`report_cleaning`), each kept in its
+    first listed orientation."""
     ei = getattr(data, "edge_index", None)
     if ei is None or not isinstance(ei, Tensor) or ei.numel() == 0:
         raise ValueError(
@@ -116,7 +122,11 @@ def oriented_relations(data: Data, num_nodes: int, name: str) -> Tensor:
             f"`{name}.edge_index` holds node ids in [{lo}, {hi}], outside [0, num_nodes) = [0, {num_nodes}); "
             "fix the edge list or `num_nodes`."
         )
-    out = to_simple_undirected(ei.long(), num_nodes, keep_orientation=True)
+    ei = ei.long()
+    loop = ei[0] == ei[1]
+    directed = int(torch.unique(ei[0, ~loop] * num_nodes + ei[1, ~loop]).numel())  # distinct (u, v), u ≠ v
+    out = to_simple_undirected(ei, num_nodes, keep_orientation=True)
+    report_cleaning(name, int(loop.sum()), int((~loop).sum()) - directed, directed - out.shape[1], out.shape[1])
     if out.shape[1] == 0:
         raise ValueError(f"`{name}` has no edges once self-loops are removed.")
     return out
@@ -147,9 +157,8 @@ def node_inputs(data: Data, num_nodes: int, tokenizer: Any, max_length: int, nam
             raise ValueError(
                 f"`{name}.text` has {count} entries but the graph has {num_nodes} nodes; give one string per node."
             )
-        enc = tokenizer(
-            [str(t) for t in text], padding="max_length", truncation=True, max_length=max_length, return_tensors="pt"
-        )
+        texts = check_node_texts(text, f"{name}.text")  # None refused, empty texts warned
+        enc = tokenizer(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     x = getattr(data, "x", None)
     if x is None:
@@ -182,6 +191,15 @@ def check_finite_features(x: Tensor, name: str) -> None:
             "`data.x = torch.nan_to_num(data.x, nan=0.0, posinf=0.0, neginf=0.0)` or impute the missing values "
             "(and rescale values beyond the float32 range)."
         )
+
+
+def report_cleaning(name: str, self_loops: int, duplicates: int, reverse: int, remain: int) -> None:
+    """Log what cleaning dropped from a graph's edge list (nothing when it was already simple)."""
+    counts = [(self_loops, "self-loop"), (duplicates, "duplicate edge"), (reverse, "reverse edge")]
+    parts = [f"{c:,} {what}{'' if c == 1 else 's'}" for c, what in counts if c]
+    if parts:
+        undirected = " (relations are undirected)" if reverse else ""
+        rank_zero_info(f"cleaning `{name}`: dropped {', '.join(parts)}{undirected}; {remain:,} relations remain.")
 
 
 def report_capping(simple: Tensor, capped: Tensor, num_nodes: int, max_degree: int) -> None:
@@ -222,7 +240,10 @@ class PreparedGraphs:
 def _load_graphs(source: Any, test_source: Any, val_source: Any, transform: Any) -> tuple[Data, Data | None, Data | None]:
     if source is None:
         raise ValueError("`source` is None; pass a GraphSource, a PyG Data or a PyG Dataset to RelationalDataModule.")
+    started = time.monotonic()
+    rank_zero_info(f"loading {source!r} …")
     train, test, val = as_graph(source, "source")
+    rank_zero_info(f"loaded {source!r} in {time.monotonic() - started:.1f} s")
     if test_source is not None:
         loaded, loaded_test, _ = as_graph(test_source, "test_source")
         test = loaded_test if loaded_test is not None else loaded
@@ -230,7 +251,14 @@ def _load_graphs(source: Any, test_source: Any, val_source: Any, transform: Any)
         loaded, _, loaded_val = as_graph(val_source, "val_source")
         val = loaded_val if loaded_val is not None else loaded
     if transform is not None:
-        train, test, val = (None if g is None else transform(g) for g in (train, test, val))
+        graphs = [g for g in (train, test, val) if g is not None]
+        log = ProgressLog(f"applying {type(transform).__name__} to the graphs", len(graphs), unit="graphs")
+        out = []
+        for g in (train, test, val):
+            out.append(None if g is None else transform(g))
+            log.update(sum(o is not None for o in out))
+        log.close()
+        train, test, val = out
     return train, test, val
 
 

@@ -2,9 +2,11 @@
 
 :class:`EmbedAndRank` is the part of :class:`~lightning_dprel.methods.relational.module.DPRelationalModule` that never touches the
 private training batches: it embeds nodes chunk by chunk (with a progress sub-task on the trainer's bar, unless
-progress bars are off), ranks each query's target for PREC@1 / MRR, and embeds new texts or node inputs for
-``trainer.predict``. Batches that rank against every node of a graph (``candidates=None``) all carry the same
-graph; it is embedded once per evaluation and reused by the following batches.
+progress bars are off), ranks each query's target for PREC@1 / MRR, embeds new texts or node inputs for
+``trainer.predict``, and scores new pairs (:meth:`EmbedAndRank.score_pairs`) or ranks candidates for a query
+(:meth:`EmbedAndRank.rank_candidates`) with the score the model was trained with. Batches that rank against every
+node of a graph (``candidates=None``) all carry the same graph; it is embedded once per evaluation and reused by
+the following batches.
 
 References:
     Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
@@ -14,16 +16,17 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from lightning_dprel.methods.relational.batch import RankingBatch
+from lightning_dprel.methods.relational.losses import pair_scores, score_matrix
 from lightning_dprel.progress import chunk_progress
 from lightning_dprel.methods.relational.ranking import target_ranks
 
-__all__ = ["EmbedAndRank", "embed_texts", "input_spec_of"]
+__all__ = ["EmbedAndRank", "RankedCandidates", "embed_texts", "input_spec_of"]
 
 
 def input_spec_of(datamodule: Any) -> dict[str, Any]:
@@ -67,6 +70,14 @@ def embed_texts(module: Any, texts: Sequence[str], *, max_length: int | None = N
         return module.embed({k: v.to(module.device) for k, v in inputs.items()})
     finally:
         module.train(was_training)
+
+
+class RankedCandidates(NamedTuple):
+    """:meth:`EmbedAndRank.rank_candidates`' answer: candidate ``indices`` (into the given candidates) best first, and
+    their ``scores``; ``[k]`` for one query, ``[Q, k]`` for several."""
+
+    indices: Tensor
+    scores: Tensor
 
 
 class EmbedAndRank:
@@ -167,3 +178,80 @@ class EmbedAndRank:
         if isinstance(batch, (list, tuple)) and all(isinstance(t, str) for t in batch):
             return self.embed_texts(list(batch))
         raise TypeError(f"predict_step expects texts, a dict of node inputs or a RankingBatch, got {type(batch).__name__}.")
+
+    # --- scoring new pairs ---------------------------------------------------------------------------
+    def _embeddings_of(self, nodes: Any, name: str, max_length: int | None) -> Tensor:
+        """``[N, d]`` embeddings of ``nodes``: texts (embedded as in training), embeddings (a float tensor ``[N, d]``,
+        as :meth:`embed_texts` / ``embed`` return them) or a dict of node inputs (e.g. ``{"x": features}``)."""
+        if isinstance(nodes, Tensor):
+            if nodes.dim() != 2 or not nodes.is_floating_point():
+                raise TypeError(f"`{name}` as a tensor must be float embeddings [N, d] (from embed_texts or embed), got "
+                                f"{nodes.dtype} of shape {tuple(nodes.shape)}.")
+            h = nodes.to(self.device)
+        elif isinstance(nodes, Mapping):
+            was_training = self.training
+            self.eval()
+            try:
+                h = self.embed({k: v.to(self.device) for k, v in nodes.items()})
+            finally:
+                self.train(was_training)
+        elif isinstance(nodes, (list, tuple)) and all(isinstance(t, str) for t in nodes):
+            h = self.embed_texts(list(nodes), max_length=max_length) if nodes else torch.zeros(0, 0)
+        else:
+            raise TypeError(f"`{name}` must be a list of texts, a float tensor of embeddings [N, d] or a dict of node "
+                            f"inputs, got {type(nodes).__name__}" + (" (wrap one text in a list)." if isinstance(nodes, str) else "."))
+        if h.shape[0] == 0:
+            raise ValueError(f"`{name}` is empty: give at least one node.")
+        return h
+
+    def _scoring(self) -> dict[str, Any]:
+        return {"score": self.hparams.score, "temperature": self.hparams.temperature}
+
+    @torch.no_grad()
+    def score_pairs(self, children: Any, parents: Any, *, max_length: int | None = None) -> Tensor:
+        """Scores ``[N]`` of the pairs child_i → parent_i by the model's own score (``hparams.score`` / ``temperature``,
+        e.g. the directed cosine / τ on ``[adapter(x) ‖ x]``): the same numbers as training and evaluation give them
+        (:func:`~lightning_dprel.methods.relational.losses.pair_scores`). Higher means more likely related.
+
+        Args:
+            children, parents: N nodes each, as texts (a list of str, embedded by :meth:`embed_texts`), embeddings
+                (a float tensor ``[N, d]``) or a dict of node inputs (e.g. ``{"x": features}``).
+            max_length: tokens per text (default: the training datamodule's).
+        """
+        h_child = self._embeddings_of(children, "children", max_length)
+        h_parent = self._embeddings_of(parents, "parents", max_length)
+        if h_child.shape[0] != h_parent.shape[0]:
+            raise ValueError(f"`children` and `parents` must have the same length (pair i is children[i] → parents[i]), "
+                             f"got {h_child.shape[0]} and {h_parent.shape[0]}.")
+        if h_child.shape[1] != h_parent.shape[1]:
+            raise ValueError(f"`children` and `parents` embeddings differ in dimension: {h_child.shape[1]} vs {h_parent.shape[1]}.")
+        return pair_scores(h_child, h_parent, **self._scoring())
+
+    @torch.no_grad()
+    def rank_candidates(self, query: Any, candidates: Any, k: int | None = None, *, max_length: int | None = None) -> RankedCandidates:
+        """The candidates sorted by s(query → candidate), best first, as in evaluation (the query is the child, each
+        candidate a possible parent): ``RankedCandidates(indices, scores)``, top ``k`` (None: all; a ``k`` above the
+        number of candidates gives all). Ties keep the candidates' order; NaN scores rank last.
+
+        Args:
+            query: one text (str), or one embedding ``[d]``, or several queries as :meth:`score_pairs` takes nodes
+                (then ``indices`` and ``scores`` are ``[Q, k]``).
+            candidates: texts, embeddings ``[C, d]`` or node inputs, as :meth:`score_pairs` takes them.
+        """
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+            raise TypeError(f"`k` must be a positive int or None (all candidates), got {type(k).__name__}.")
+        if k is not None and k < 1:
+            raise ValueError(f"`k` must be a positive int or None (all candidates), got {k}.")
+        single = isinstance(query, str) or (isinstance(query, Tensor) and query.dim() == 1)
+        if single:
+            query = [query] if isinstance(query, str) else query.unsqueeze(0)
+        h_query = self._embeddings_of(query, "query", max_length)
+        h_cand = self._embeddings_of(candidates, "candidates", max_length)
+        if h_query.shape[1] != h_cand.shape[1]:
+            raise ValueError(f"`query` and `candidates` embeddings differ in dimension: {h_query.shape[1]} vs {h_cand.shape[1]}.")
+        scores = score_matrix(h_query, h_cand, **self._scoring())  # [Q, C], the evaluation's ranking scores
+        order = torch.sort(scores.masked_fill(scores.isnan(), -float("inf")), dim=1, descending=True, stable=True).indices
+        order = order.gather(1, scores.gather(1, order).isnan().to(torch.uint8).argsort(dim=1, stable=True))  # NaN last
+        order = order[:, : k or scores.shape[1]]
+        ranked = RankedCandidates(order, scores.gather(1, order))
+        return RankedCandidates(ranked.indices[0], ranked.scores[0]) if single else ranked

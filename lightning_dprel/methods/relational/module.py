@@ -45,44 +45,6 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
     ``DPRelationalModule.load_from_checkpoint(path)`` rebuilds it (a custom encoder without ``init_args``: pass
     ``encoder=``); the checkpoint also keeps the ledger and :attr:`input_spec`, so :meth:`embed_texts` embeds new
     texts as training did. :func:`lightning_dprel.export.export_model` writes the trained weights and the privacy report.
-
-    Args:
-        encoder: node encoder mapping node inputs to ``[N, d]`` (e.g. :class:`~lightning_dprel.encoders.TextEncoder`),
-            or its spec ``{"class_path", "init_args"}`` (how a checkpoint rebuilds it).
-        score: ``"dot"`` or ``"cosine"`` (cosine / τ).
-        temperature: τ for cosine scores.
-        loss: ``"infonce"`` or ``"hinge"``.
-        margin: hinge margin γ.
-        lr: learning rate of the wrapped optimizer.
-        weight_decay: weight decay of the wrapped optimizer.
-        clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline, needs σ = 0).
-        accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or ``"paper"`` (Eq. 3).
-        clip_norm: C.
-        noise_multiplier: σ (the privacy callback may calibrate it via :meth:`set_noise_multiplier`).
-        noise_seed: None (default): the noise comes from a secret keyed CSPRNG stream
-            (:class:`~lightning_dprel.core.randomness.KeyedStream`, key from ``os.urandom``, rank 0's under DDP,
-            never saved). A seed makes runs reproducible but **voids the guarantee** (anyone who knows it
-            regenerates the noise, ε = ∞); a warning says so.
-        secure_noise: deprecated and ignored: the noise is always drawn from the keyed CSPRNG stream.
-        allow_untracked: a private module refuses to train without a privacy callback in the trainer (one
-            whose ``charges_privacy_ledger`` is True, e.g. :class:`callbacks.PrivacyCallback`). True lets it
-            train anyway: every step is still recorded in :attr:`privacy_ledger`, with a warning.
-        per_tuple_mode: how per-tuple norms and clipped sums are formed: ``"auto"`` (default: ghost clipping where it is
-            exact, :attr:`~lightning_dprel.grad_sample.ghost.GhostPlan.exact`: a declared slot-wise encoder, every trainable
-            parameter covered, run-time checks passed; else vmap), ``"ghost"`` (ghost clipping + book-keeping, vmap only for
-            the parameters of layers it does not cover; :mod:`lightning_dprel.grad_sample.ghost`) or ``"vmap"`` (every tuple's
-            gradient formed with torch.func; :mod:`lightning_dprel.grad_sample.per_tuple`). All give the same clipped sums.
-        chunk_size: tuples per forward/backward chunk: ``"auto"`` (default: from the free memory,
-            :func:`lightning_dprel.grad_sample.memory.auto_chunk_size`), an int, or None (the whole slice at once).
-        vmap_chunk_size: deprecated alias of ``chunk_size``.
-        optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
-        momentum: momentum of ``optimizer="sgd"`` (ignored by Adam).
-        diagnostics: keep per-step clipping/noise diagnostics in ``DPOptimizer.last_step_stats`` (norm
-            quantiles, cosine between clipped and unclipped sums, clipped-sum / noise / update norms). Computed from
-            the private batch without noise, so **outside the guarantee** (a warning says so): for diagnosis only.
-        log_train_metrics: log ``train_loss`` and ``train_clipped_fraction``. They are computed from the
-            private batch without noise and are **outside the DP guarantee** (a warning says so); default
-            False logs nothing computed from the private batch.
     """
 
     def __init__(
@@ -110,6 +72,46 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         diagnostics: bool = False,
         log_train_metrics: bool = False,
     ) -> None:
+        """Build the module (the class docstring describes training and saved models).
+
+        Args:
+            encoder: node encoder mapping node inputs to ``[N, d]`` (e.g. :class:`~lightning_dprel.encoders.TextEncoder`),
+                or its spec ``{"class_path", "init_args"}`` (how a checkpoint rebuilds it).
+            score: ``"dot"`` or ``"cosine"`` (cosine / τ).
+            temperature: τ for cosine scores.
+            loss: ``"infonce"`` or ``"hinge"``.
+            margin: hinge margin γ.
+            lr: learning rate of the wrapped optimizer.
+            weight_decay: weight decay of the wrapped optimizer.
+            clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline, needs σ = 0).
+            accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or ``"paper"`` (Eq. 3).
+            clip_norm: C.
+            noise_multiplier: σ (the privacy callback may calibrate it via :meth:`set_noise_multiplier`).
+            noise_seed: None (default): the noise comes from a secret keyed CSPRNG stream
+                (:class:`~lightning_dprel.core.randomness.KeyedStream`, key from ``os.urandom``, rank 0's under DDP,
+                never saved). A seed makes runs reproducible but **voids the guarantee** (anyone who knows it
+                regenerates the noise, ε = ∞); a warning says so.
+            secure_noise: deprecated and ignored: the noise is always drawn from the keyed CSPRNG stream.
+            allow_untracked: a private module refuses to train without a privacy callback in the trainer (one
+                whose ``charges_privacy_ledger`` is True, e.g. :class:`callbacks.PrivacyCallback`). True lets it
+                train anyway: every step is still recorded in :attr:`privacy_ledger`, with a warning.
+            per_tuple_mode: how per-tuple norms and clipped sums are formed: ``"auto"`` (default: ghost clipping where it is
+                exact, :attr:`~lightning_dprel.grad_sample.ghost.GhostPlan.exact`: a declared slot-wise encoder, every trainable
+                parameter covered, run-time checks passed; else vmap), ``"ghost"`` (ghost clipping + book-keeping, vmap only for
+                the parameters of layers it does not cover; :mod:`lightning_dprel.grad_sample.ghost`) or ``"vmap"`` (every tuple's
+                gradient formed with torch.func; :mod:`lightning_dprel.grad_sample.per_tuple`). All give the same clipped sums.
+            chunk_size: tuples per forward/backward chunk: ``"auto"`` (default: from the free memory,
+                :func:`lightning_dprel.grad_sample.memory.auto_chunk_size`), an int, or None (the whole slice at once).
+            vmap_chunk_size: deprecated alias of ``chunk_size``.
+            optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
+            momentum: momentum of ``optimizer="sgd"`` (ignored by Adam).
+            diagnostics: keep per-step clipping/noise diagnostics in ``DPOptimizer.last_step_stats`` (norm
+                quantiles, cosine between clipped and unclipped sums, clipped-sum / noise / update norms). Computed from
+                the private batch without noise, so **outside the guarantee** (a warning says so): for diagnosis only.
+            log_train_metrics: log ``train_loss`` and ``train_clipped_fraction``. They are computed from the
+                private batch without noise and are **outside the DP guarantee** (a warning says so); default
+                False logs nothing computed from the private batch.
+        """
         super().__init__()
         if isinstance(encoder, Mapping):
             encoder = build_encoder(encoder)

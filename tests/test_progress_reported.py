@@ -1,0 +1,68 @@
+"""Every long phase outside the training bar says what it does, how far it is and about how long is left."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lightning_dprel import progress
+from lightning_dprel.progress import ProgressLog
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def messages():
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    handler, level = _Capture(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.messages
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_progress_lines_are_throttled_and_estimate_what_is_left(messages, monkeypatch):
+    clock = iter([0.0, 1.0, 6.0, 7.0, 12.0, 20.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    log = ProgressLog("embedding texts with m", 100, unit="texts")  # t = 0
+    log.update(10)  # t = 1: too soon, no line
+    log.update(30)  # t = 6: 30 done in 6 s → ~14 s left
+    log.update(40)  # t = 7: too soon
+    log.update(60)  # t = 12: 60 in 12 s → ~8 s left
+    log.close()  # t = 20
+    assert messages == [
+        "embedding texts with m: 100 texts …",
+        "embedding texts with m: 30/100 texts (30 %), 6 s elapsed, ~14 s left",
+        "embedding texts with m: 60/100 texts (60 %), 12 s elapsed, ~8 s left",
+        "embedding texts with m: 100 texts done in 20.0 s",
+    ]
+
+
+def test_embedding_texts_reports_progress_by_default(messages, tmp_path, monkeypatch):
+    from torch_geometric.data import Data
+
+    from lightning_dprel.demos import save_tiny_bert
+    from lightning_dprel.transforms import EmbedText
+
+    monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_bert(tmp_path / "bert")
+    transform = EmbedText(model, max_length=8)
+    assert transform.progress  # on unless turned off
+    transform(Data(text=[f"term {i}" for i in range(12)], num_nodes=12))
+    assert any(m.startswith(f"embedding texts with {model}: 12 texts") for m in messages)
+    assert any("12 texts done in" in m for m in messages)
+    messages.clear()
+    transform(Data(text=[f"term {i}" for i in range(12)], num_nodes=12))  # cached: nothing to embed, nothing said
+    assert not any("embedding texts" in m for m in messages)
+    quiet = EmbedText(model, max_length=8, cache=False, progress=False)
+    quiet(Data(text=["a", "b"], num_nodes=2))
+    assert not any("embedding texts" in m for m in messages)
