@@ -97,8 +97,10 @@ class ProgressLog:
     other ranks). ``enabled=False`` makes every call a no-op.
     """
 
-    def __init__(self, what: str, total: int, *, unit: str = "items", every: float = 5.0, enabled: bool = True) -> None:
+    def __init__(self, what: str, total: int, *, unit: str = "items", every: float = 5.0, enabled: bool = True,
+                 work: float | None = None) -> None:
         self.what, self.total, self.unit, self.every, self.enabled = what, int(total), unit, float(every), bool(enabled)
+        self.work = float(work) if work is not None else float(total)  # the cost the estimate scales with (e.g. tokens)
         self.start = self.last = time.monotonic()
         self._say(f"{what}: {self.total:,} {unit} …")
 
@@ -108,13 +110,15 @@ class ProgressLog:
 
             rank_zero_info(line)
 
-    def update(self, done: int) -> None:
-        """Report ``done`` of ``total`` if ``every`` seconds passed since the last line."""
+    def update(self, done: int, work_done: float | None = None) -> None:
+        """Report ``done`` of ``total`` if ``every`` seconds passed since the last line; the estimate of the time left
+        scales with ``work_done`` of ``work`` when given (items of unequal cost), else with ``done``."""
         now = time.monotonic()
         if now - self.last < self.every or done <= 0 or done >= self.total:
             return
         self.last, elapsed = now, now - self.start
-        left = elapsed * (self.total - done) / done
+        spent = float(done if work_done is None else work_done)
+        left = elapsed * max(self.work - spent, 0.0) / max(spent, 1e-12)
         self._say(f"{self.what}: {done:,}/{self.total:,} {self.unit} ({100 * done / self.total:.0f} %), "
                   f"{elapsed:.0f} s elapsed, ~{left:.0f} s left")
 

@@ -78,13 +78,16 @@ def embed_texts(
     enc = tokenizer([str(t) for t in texts], truncation=True, max_length=max_length)
     order = sorted(range(len(texts)), key=lambda i: len(enc["input_ids"][i]))  # little padding per batch
     out = torch.zeros(len(texts), int(model.config.hidden_size))
-    log = ProgressLog(f"embedding texts with {model_name}", len(order), unit="texts", enabled=progress)
+    lengths = [len(enc["input_ids"][i]) for i in order]
+    log = ProgressLog(f"embedding texts with {model_name}", len(order), unit="texts", enabled=progress,
+                      work=sum(lengths))  # texts are sorted by length: the estimate scales with tokens, not texts
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = tokenizer.pad({"input_ids": [enc["input_ids"][i] for i in rows]}, return_tensors="pt")
         hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         out[rows] = mean_pool(hidden, batch["attention_mask"]).float()
-        log.update(min(start + batch_size, len(order)))
+        done = min(start + batch_size, len(order))
+        log.update(done, sum(lengths[:done]))
     log.close()
     return out
 

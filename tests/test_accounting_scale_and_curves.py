@@ -4,7 +4,6 @@ did and refuses non-finite features, the accounting CLI warns on δ ≥ 1/n and 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -140,26 +139,12 @@ def _dm(graph, **kwargs):
     return RelationalDataModule(graph, **opts)
 
 
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def _capping_messages(dm) -> list[str]:
-    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    handler, level = _Capture(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    from lightning_dprel.demos.boring_classes import rank_zero_messages
+
+    with rank_zero_messages() as messages:
         dm.setup("fit")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    return [m for m in handler.messages if m.startswith("capping to K=")]
+    return [m for m in messages if m.startswith("capping to K=")]
 
 
 def test_a_far_too_large_K_warns_with_the_largest_degree():

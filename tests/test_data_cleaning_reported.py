@@ -1,14 +1,15 @@
-"""Issue 21 (items 3 and 7): graph preparation says what it cleaned, node texts that are None are refused and empty
+"""Graph preparation says what it cleaned, node texts that are None are refused and empty
 ones warned (in the datamodule and in EmbedText alike), and ``help(<class>.__init__)`` shows the argument docs."""
 
 from __future__ import annotations
 
-import logging
 import pydoc
 
 import pytest
 import torch
 from torch_geometric.data import Data
+
+from lightning_dprel.demos.boring_classes import rank_zero_messages
 
 from lightning_dprel.demos import random_text_graph, save_tiny_bert
 
@@ -31,27 +32,11 @@ def _dirty_graph(self_loops: int, duplicates: int, reverse: int, seed: int = 0) 
     return Data(x=torch.randn(N, 4, generator=torch.Generator().manual_seed(seed)), edge_index=edges, num_nodes=N)
 
 
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def _setup_messages(dm) -> list[str]:
     """What ``setup`` logs through Lightning's rank-zero logger (the channel of the capping line)."""
-    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    handler, level = _Capture(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with rank_zero_messages() as messages:
         dm.setup("fit")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    return handler.messages
+    return messages
 
 
 def _dm(source, **kwargs):

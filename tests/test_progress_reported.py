@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from lightning_dprel import progress
+from lightning_dprel.demos.boring_classes import rank_zero_messages
 from lightning_dprel.progress import ProgressLog
-
-
-class _Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 @pytest.fixture
 def messages():
-    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    handler, level = _Capture(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler.messages
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with rank_zero_messages() as said:
+        yield said
 
 
 def test_progress_lines_are_throttled_and_estimate_what_is_left(messages, monkeypatch):
@@ -66,3 +51,11 @@ def test_embedding_texts_reports_progress_by_default(messages, tmp_path, monkeyp
     quiet = EmbedText(model, max_length=8, cache=False, progress=False)
     quiet(Data(text=["a", "b"], num_nodes=2))
     assert not any("embedding texts" in m for m in messages)
+
+
+def test_the_estimate_scales_with_the_work_of_unequal_items(messages, monkeypatch):
+    clock = iter([0.0, 10.0, 10.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    log = ProgressLog("embedding", 4, unit="texts", work=1 + 1 + 4 + 4)  # two short texts, then two long ones
+    log.update(2, 2.0)  # half the texts in 10 s, but only 2 of 10 units of work: ~40 s left, not ~10 s
+    assert messages[-1] == "embedding: 2/4 texts (50 %), 10 s elapsed, ~40 s left"

@@ -7,6 +7,10 @@ per training batch and charges its ledger with the batch as the sample; :class:`
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -15,7 +19,7 @@ from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-__all__ = ["make_spec", "BoringPrivateModule", "SpecDataModule", "InterruptAt"]
+__all__ = ["make_spec", "BoringPrivateModule", "SpecDataModule", "InterruptAt", "rank_zero_messages"]
 
 
 def make_spec(*, n=2000, m=5000, K=3, gamma=0.01, k=2, steps_per_epoch=8) -> SamplingSpec:
@@ -91,3 +95,27 @@ class InterruptAt(pl.Callback):
         if trainer.global_step >= self.step and not os.path.exists(self.flag_file):
             open(self.flag_file, "w").close()
             raise KeyboardInterrupt
+
+
+class _Collect(logging.Handler):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def rank_zero_messages() -> Iterator[list[str]]:
+    """The lines Lightning's rank-zero logger says (INFO and up) inside the block, where the library logs progress."""
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    messages: list[str] = []
+    handler, level = _Collect(messages), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

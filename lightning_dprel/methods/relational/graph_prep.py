@@ -253,12 +253,8 @@ def _load_graphs(source: Any, test_source: Any, val_source: Any, transform: Any)
     if transform is not None:
         graphs = [g for g in (train, test, val) if g is not None]
         log = ProgressLog(f"applying {type(transform).__name__} to the graphs", len(graphs), unit="graphs")
-        out = []
-        for g in (train, test, val):
-            out.append(None if g is None else transform(g))
-            log.update(sum(o is not None for o in out))
+        train, test, val = (None if g is None else transform(g) for g in (train, test, val))  # each logs its own progress
         log.close()
-        train, test, val = out
     return train, test, val
 
 
