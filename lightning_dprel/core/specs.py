@@ -19,7 +19,8 @@ from typing import Any
 
 __all__ = [
     "SamplingSpec", "NoiseSpec", "CLIPPING_MODES", "ACCOUNTING_MODES", "PRIVACY_UNIT", "PrivacyUnit", "PRIVACY_UNITS",
-    "ENTITY", "NODE_IN_SUBGRAPH", "LABELLED_NODE", "EXAMPLE", "privacy_unit", "register_privacy_unit",
+    "ENTITY", "NODE_IN_SUBGRAPH", "LABELLED_NODE", "EXAMPLE", "NODE_PUBLIC_IDS", "NODE_REPLACE", "privacy_unit",
+    "register_privacy_unit",
 ]
 
 #: The privacy unit of the relational method (the entity): what neighbouring graphs differ by.
@@ -68,8 +69,22 @@ LABELLED_NODE = PrivacyUnit(
 EXAMPLE = PrivacyUnit(
     "example", "one training example (add/remove), not an entity: use only for per-example pipelines", "examples"
 )
+NODE_PUBLIC_IDS = PrivacyUnit(
+    "node_public_ids",
+    "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node ids are public: "
+    "the node keeps its (released) embedding row without edges, and negatives are drawn from the public id universe",
+    "nodes",
+)
+NODE_REPLACE = PrivacyUnit(
+    "node_replace",
+    "one node with its edges under bounded DP (replace one node, node count fixed), as AdvSGM (Zhang et al.) claims; "
+    "no bound proven here holds for it (the paper-faithful accounting under-states ε)",
+    "nodes",
+)
 #: The units the library knows, by name (a user may build their own :class:`PrivacyUnit`).
-PRIVACY_UNITS: dict[str, PrivacyUnit] = {u.name: u for u in (ENTITY, NODE_IN_SUBGRAPH, LABELLED_NODE, EXAMPLE)}
+PRIVACY_UNITS: dict[str, PrivacyUnit] = {
+    u.name: u for u in (ENTITY, NODE_IN_SUBGRAPH, LABELLED_NODE, EXAMPLE, NODE_PUBLIC_IDS, NODE_REPLACE)
+}
 
 
 def register_privacy_unit(unit: PrivacyUnit) -> PrivacyUnit:

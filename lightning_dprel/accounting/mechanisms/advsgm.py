@@ -1,0 +1,169 @@
+"""AdvSGM's mechanisms (private adversarial skip-gram, Zhang et al.; spec: ``shared/spec/advsgm.md``).
+
+* ``skipgram_public_ids`` — the provable mode: Poisson positives at γ = b/m over the K-capped edges, each tuple an
+  oriented edge plus k negatives drawn from the *public* node-id universe, per-tuple clipping to C, dense noise
+  N(0, σ²C²) on every row. Unit :data:`~lightning_dprel.core.specs.NODE_PUBLIC_IDS`: removing a node removes only its
+  i ≤ K positive tuples (its negative slots see the same — released — rows in both worlds), so the sensitivity profile
+  is Δ(i, j) = C·i (Theorem C.1's mixture with j ≡ 0): Σ_i Bin(K', γ)(i)·N(i, σ²) against N(0, σ²), both directions,
+  K' = min(K, n) (:func:`~lightning_dprel.accounting.mechanisms.relational.accounted_degree`). At K = 1 it is the
+  per-example Poisson Gaussian; it never exceeds ``standard`` (Δ = C(i + 2j)), which is the bound to use when the node
+  ids are private.
+* ``advsgm_paper`` — the paper's Theorem 7 as published (warns: that ε does not hold; the provable ε of the
+  paper's pipeline is ∞). Per iteration (one positive and one negative update):
+  ε_PSG(B/|E|)(α) + ε_PSG(Bk/|V|)(α), ε_PSG(q) the Poisson-subsampled Gaussian of Mironov et al. (2019) at rate q
+  and noise multiplier σ (what TF Privacy's ``compute_rdp`` and dp-accounting's
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` compute). Used only to stop the paper-faithful run
+  (:func:`advsgm_paper_stop_iteration`).
+
+SamplingSpec mapping for ``advsgm_paper`` (build one with :func:`advsgm_paper_sampling`): ``num_nodes`` = |V|,
+``num_edges`` = |E| (the *training* edges), ``expected_batch_size`` = B (the positive batch size),
+``sampling_rate`` = B/|E| (the positive update's rate), ``neg_per_pos`` = k (so the negative update's rate is
+min(1, B·k/|V|)); ``max_degree`` is not used (the paper caps no degree: the helper sets n − 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lightning_dprel.accounting.analysis.coupled_rdp import coupled_rdp
+from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
+from lightning_dprel.accounting.conversion import rdp_to_epsilon
+from lightning_dprel.accounting.mechanisms.relational import accounted_degree
+from lightning_dprel.accounting.orders import DEFAULT_ORDERS
+from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
+from lightning_dprel.core.specs import NODE_PUBLIC_IDS, NODE_REPLACE, SamplingSpec
+
+__all__ = [
+    "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling", "advsgm_paper_epsilon",
+    "advsgm_paper_stop_iteration", "STOP_RULES",
+]
+
+ADVSGM_PAPER_WARNING = (
+    "AdvSGM paper-faithful accounting (Theorem 7): this ε does not hold — the provable ε of the paper's pipeline is ∞. "
+    "The ξ noise leaves with its example and never reaches an isolated node's row (δ ≥ 0.5 at T = 750 on PPI), "
+    "it is scaled √B·Cσ not BCσ, the constrained sigmoid cancels it to ≈ 0.035σ, nothing is clipped, a node owns "
+    "unboundedly many edges (no amplification at B/|E| for a node-level unit), batches are drawn without replacement "
+    "but charged as Poisson, and the negative rate Bk/|V| ignores that negatives hang on positives (spec items 1–9). "
+    "It only reproduces when the paper's training stops; use accounting='skipgram_public_ids' for a bound that holds."
+)
+
+#: The stop rules of :func:`advsgm_paper_stop_iteration`.
+STOP_RULES = ("theorem7", "code_product")
+
+
+def public_ids_profile(max_degree: int, neg_per_pos: int = 0) -> np.ndarray:
+    """Δ(i, j)/C = i for both j (node ids public: only the node's own ≤ K positive tuples differ), shape (K+1, 2)."""
+    i = np.arange(max_degree + 1, dtype=float)[:, None]
+    return np.repeat(i, 2, axis=1)
+
+
+def _skipgram_public_ids(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
+    k_eff = accounted_degree(sampling)
+    # j ≡ 0: the profile does not depend on whether the node fills a negative slot, so the mixture weights
+    # (1−p)·b_i + p·b_i merge to b_i for every p; neg_per_pos = 0 evaluates exactly that mixture (one plan point).
+    return coupled_rdp(
+        public_ids_profile(k_eff), num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=k_eff,
+        sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma, orders=orders,
+    )
+
+
+def _rates(sampling: SamplingSpec) -> tuple[float, float]:
+    """(B/|E|, min(1, B·k/|V|)) of the paper's two updates per iteration."""
+    batch = float(sampling.expected_batch_size)
+    return float(sampling.sampling_rate), min(1.0, batch * sampling.neg_per_pos / sampling.num_nodes)
+
+
+def _advsgm_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
+    q_pos, q_neg = _rates(sampling)
+    return poisson_gaussian_rdp(q_pos, sigma, orders) + poisson_gaussian_rdp(q_neg, sigma, orders)
+
+
+def advsgm_paper_sampling(*, num_nodes: int, num_edges: int, batch_size: int, k: int) -> SamplingSpec:
+    """The SamplingSpec of the paper's Theorem 7 (see the module docstring for the mapping), unit ``node_replace``."""
+    return SamplingSpec(
+        num_nodes=int(num_nodes), num_edges=int(num_edges), max_degree=max(1, int(num_nodes) - 1),
+        sampling_rate=batch_size / num_edges, neg_per_pos=int(k), expected_batch_size=batch_size / num_edges * num_edges,
+        steps_per_epoch=math.ceil(num_edges / batch_size), privacy_unit=NODE_REPLACE.name,
+    )
+
+
+def advsgm_paper_epsilon(
+    iterations: int, *, num_nodes: int, num_edges: int, batch_size: int, k: int, sigma: float, delta: float,
+    orders: np.ndarray | None = None,
+) -> float:
+    """The paper's Theorem 7 ε after ``iterations`` iterations (two updates each), Balle et al. conversion."""
+    orders = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
+    spec = advsgm_paper_sampling(num_nodes=num_nodes, num_edges=num_edges, batch_size=batch_size, k=k)
+    per_iter = _advsgm_paper(spec, check_noise_multiplier(sigma), orders)
+    return rdp_to_epsilon(orders, check_step_count("iterations", iterations) * per_iter, delta)[0]
+
+
+def advsgm_paper_stop_iteration(
+    target_eps: float, *, num_nodes: int, num_edges: int, batch_size: int, k: int, sigma: float, delta: float,
+    max_iterations: int = 750, rule: str = "theorem7", orders: np.ndarray | None = None,
+) -> int:
+    """The iteration at which the paper-faithful AdvSGM run stops for ``target_eps`` (``max_iterations`` if never).
+
+    An iteration is one discriminator round: a positive update at rate q₊ = B/|E| and a negative update at
+    q₋ = min(1, Bk/|V|). Iterations are numbered 1, 2, … (epoch e ∈ [0, n_epoch), round d ∈ [0, n_D): e·n_D + d + 1);
+    ``max_iterations`` = n_epoch·n_D (750 by default).
+
+    Rules:
+        ``"theorem7"`` (Thm 7 done right): the number of iterations trained — the last iteration T whose composed
+            ε(T·[ε_PSG(q₊) + ε_PSG(q₋)]) ≤ ``target_eps``; iteration T + 1 is the first that would exceed it and is not
+            run. PPI (|V| = 3,890, |E| = 68,926, B = 128, k = 5, σ = 5, δ = 1e-5): ε = 1..4 → 50 / 187 / 393 / 660.
+        ``"code_product"`` (the authors' script, NetDPer/AdvSGM HEAD, ``n_D`` = 15 rounds per epoch): after each update
+            c ∈ {0 (positive), 1 (negative)} of round d of epoch e it charges compute_rdp(q_c, σ) × (d+1)(e+1)(c+1) —
+            one update's RDP at the *current* rate times that product, not the composition so far — and stops when
+            its ε exceeds the target (δ̂(target ε) > δ in the script: the same test). Returns the number of the
+            iteration whose update tripped the check (its updates were applied). PPI: ε = 1..6 →
+            28 / 104 / 210 / 345 / 495 / 675.
+
+    ε uses :data:`DEFAULT_ORDERS` and the Balle et al. (2020) conversion (the script's TF Privacy orders and its
+    Canonne–Kamath–Steinke δ give the same stop iterations on PPI).
+    """
+    if rule not in STOP_RULES:
+        raise ValueError(f"`rule` must be one of {STOP_RULES}, got {rule!r}.")
+    max_iterations = check_step_count("max_iterations", max_iterations)
+    orders = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
+    sigma = check_noise_multiplier(sigma)
+    spec = advsgm_paper_sampling(num_nodes=num_nodes, num_edges=num_edges, batch_size=batch_size, k=k)
+    q_pos, q_neg = _rates(spec)
+    r_pos, r_neg = poisson_gaussian_rdp(q_pos, sigma, orders), poisson_gaussian_rdp(q_neg, sigma, orders)
+
+    def eps(rdp: np.ndarray) -> float:
+        return rdp_to_epsilon(orders, rdp, delta)[0]
+
+    if rule == "theorem7":
+        per_iter = r_pos + r_neg
+        if eps(max_iterations * per_iter) <= target_eps:
+            return max_iterations
+        lo, hi = 0, max_iterations  # ε(lo) ≤ target < ε(hi); ε(T) is non-decreasing in T
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if eps(mid * per_iter) <= target_eps:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    n_d = 15  # the script's d_epoch (n_D)
+    for it in range(max_iterations):
+        e, d = divmod(it, n_d)
+        for c, rdp in enumerate((r_pos, r_neg)):
+            if eps((d + 1) * (e + 1) * (c + 1) * rdp) > target_eps:
+                return it + 1
+    return max_iterations
+
+
+register_mechanism(
+    "skipgram_public_ids", _skipgram_public_ids, coupled=False, privacy_unit=NODE_PUBLIC_IDS,
+    label="skip-gram, public ids (Thm C.1, j≡0)", clipping=("standard",), accounting="skipgram_public_ids",
+    description="skip-gram with negatives from public node ids: Theorem C.1's mixture with Δ=C·i (no negative-slot term)",
+)
+register_mechanism(
+    "advsgm_paper", _advsgm_paper, coupled=False, privacy_unit=NODE_REPLACE, label="AdvSGM paper Thm 7 (does not hold)",
+    warning=ADVSGM_PAPER_WARNING,
+    description="AdvSGM as published (Theorem 7): ε_PSG(B/|E|) + ε_PSG(Bk/|V|) per iteration (provable ε = ∞)",
+)
