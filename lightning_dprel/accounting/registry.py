@@ -17,10 +17,11 @@ from typing import Callable
 import numpy as np
 
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS, as_orders
-from lightning_dprel.core.specs import ENTITY, PrivacyUnit, SamplingSpec, privacy_unit
+from lightning_dprel.core.specs import ENTITY, PrivacyUnit, SamplingSpec
+from lightning_dprel.core.specs import privacy_unit as as_unit  # `privacy_unit` is also register_mechanism's argument
 
 __all__ = [
-    "Mechanism", "RdpFunction", "register_mechanism", "get_mechanism", "registered_mechanisms", "privacy_unit_of",
+    "Mechanism", "RdpFunction", "register_mechanism", "get_mechanism", "registered_mechanisms",
     "check_module_mechanism", "check_unit", "check_accounting_choice", "check_step_count", "check_noise_multiplier",
     "check_sampling", "per_step_rdp", "SIGMA_FLOOR",
 ]
@@ -71,11 +72,6 @@ class Mechanism:
 _REGISTRY: dict[str, Mechanism] = {}
 
 
-def privacy_unit_of(unit: "PrivacyUnit | str") -> PrivacyUnit:
-    """A :class:`PrivacyUnit` from itself or a known unit's name."""
-    return privacy_unit(unit)
-
-
 def register_mechanism(
     name: str, rdp: RdpFunction, *, description: str, privacy_unit: "PrivacyUnit | str | None" = ENTITY,
     coupled: bool = False, overwrite: bool = False, label: str | None = None,
@@ -101,7 +97,7 @@ def register_mechanism(
             f"Mechanism {name!r}: only a release whose event states its unit (no sampling, no module clipping) may omit "
             "`privacy_unit`; a sampled or module mechanism must name the unit its bound is proven for."
         )
-    unit = None if privacy_unit is None else privacy_unit_of(privacy_unit)
+    unit = None if privacy_unit is None else as_unit(privacy_unit)
     mech = Mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
         bool(needs_sampling),
@@ -146,7 +142,7 @@ def check_module_mechanism(name: str, clipping: str) -> Mechanism:
 
 def check_unit(name: str, unit: "PrivacyUnit | str") -> Mechanism:
     """The mechanism ``name`` if it is proven for ``unit`` (the datamodule's), else a ``ValueError`` naming both."""
-    mech, unit = get_mechanism(name), privacy_unit_of(unit)
+    mech, unit = get_mechanism(name), as_unit(unit)
     if mech.unit is not None and mech.unit != unit:
         proven = [m.name for m in _REGISTRY.values() if m.unit == unit and m.clipping]
         raise ValueError(

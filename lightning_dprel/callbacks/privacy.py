@@ -216,7 +216,7 @@ class PrivacyCallback(Callback):
         if self.target_epsilon is None:
             return
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
-        sigma = self._next_sigma(pl_module)
+        sigma = self._next_sigma(noise_spec_of(pl_module))
         composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
@@ -269,10 +269,9 @@ class PrivacyCallback(Callback):
         self.history = [(int(t), float(e)) for t, e in state_dict.get("history", [])]
 
     # ------------------------------------------------------------------ fit-start steps
-    def _next_sigma(self, pl_module: "pl.LightningModule") -> float:
+    def _next_sigma(self, noise: NoiseSpec) -> float:
         """σ the next step will be charged: σ_eff of as many releases on one sample as the last step made."""
-        sigma = float(noise_spec_of(pl_module).noise_multiplier)
-        return effective_noise_multiplier([sigma] * self._releases)
+        return effective_noise_multiplier([float(noise.noise_multiplier)] * self._releases)
 
     def _budget(self) -> PrivacyBudget:
         return PrivacyBudget(self.target_epsilon, self.delta)
@@ -328,7 +327,7 @@ class PrivacyCallback(Callback):
             logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
-        sigma = effective_noise_multiplier([float(noise.noise_multiplier)] * self._releases)
+        sigma = self._next_sigma(noise)
         stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma)
         if not stop:
             return

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from lightning_dprel.accounting import Accountant
-from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_module_mechanism, check_unit
+from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_module_mechanism, check_unit, get_mechanism
 from lightning_dprel.core.events import GaussianRelease, SampledGaussianStep, StepRecord
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -137,7 +137,8 @@ class PrivacyLedger:
                 f"Privacy unit mismatch: a GaussianRelease for the unit {event.unit!r} cannot be charged to a ledger of "
                 f"releases for {unit!r}."
             )
-        self._append(Segment("gaussian", None, float(event.noise_multiplier), 1.0, "gaussian", event.count, 1, event.unit))
+        name = event.mechanism
+        self._append(Segment(name, None, float(event.noise_multiplier), 1.0, name, event.count, 1, event.unit))
 
     def _append(self, seg: Segment) -> None:
         last = self._segments[-1] if self._segments else None
@@ -149,7 +150,7 @@ class PrivacyLedger:
     def _undo_last_step(self) -> None:
         """Take the last optimizer step back (it is charged again merged with a new release on the same sample); RDP
         composition does not depend on order, so releases charged after it may stay where they are."""
-        i = max(j for j, seg in enumerate(self._segments) if seg.mechanism != "gaussian")
+        i = max(j for j, seg in enumerate(self._segments) if _is_step(seg))
         seg = self._segments[i]
         if seg.steps > 1:
             self._segments[i] = replace(seg, steps=seg.steps - 1)
@@ -166,21 +167,21 @@ class PrivacyLedger:
     @property
     def steps(self) -> int:
         """Every step taken by this model, private or not (the one step counter of a private run)."""
-        return sum(s.steps for s in self._segments if s.mechanism != "gaussian")
+        return sum(s.steps for s in self._segments if _is_step(s))
 
     @property
     def private_steps(self) -> int:
-        return sum(s.steps for s in self._segments if s.mechanism not in ("none", "gaussian"))
+        return sum(s.steps for s in self._segments if s.mechanism != "none" and _is_step(s))
 
     @property
     def unprotected_steps(self) -> int:
         """Steps without noise, or whose sampling is unknown (an untracked fit without a SamplingSpec): any makes ε infinite."""
-        return sum(s.steps for s in self._segments if s.mechanism == "none" or (s.sampling is None and s.mechanism != "gaussian"))
+        return sum(s.steps for s in self._segments if s.mechanism == "none" or (s.sampling is None and _is_step(s)))
 
     @property
     def private_mechanism(self) -> str | None:
         """The mechanism of the private optimizer steps (None before any)."""
-        names = {s.mechanism for s in self._segments if s.mechanism not in ("none", "gaussian")}
+        names = {s.mechanism for s in self._segments if s.mechanism != "none" and _is_step(s)}
         return next(iter(names)) if names else None
 
     @property
@@ -227,9 +228,10 @@ class PrivacyLedger:
         by its own mechanism; the optimizer steps' by ``acc.mechanism``, which is theirs or stands in for it)."""
         for i in range(index, len(self._segments)):
             seg, skip = self._segments[i], (done if i == index else 0)
-            accountable = seg.mechanism != "none" and (seg.sampling is not None or seg.mechanism == "gaussian")
+            step = _is_step(seg)
+            accountable = seg.mechanism != "none" and (seg.sampling is not None or not step)
             if accountable and seg.steps > skip:
-                name = "gaussian" if seg.mechanism == "gaussian" else acc.mechanism
+                name = acc.mechanism if step else seg.mechanism
                 acc.step(seg.sampling, seg.noise_multiplier, seg.steps - skip, mechanism=name)
         return (len(self._segments) - 1, self._segments[-1].steps) if self._segments else (0, 0)
 
@@ -275,6 +277,11 @@ def _fields(seg: Segment) -> dict[str, Any]:
 
 
 _FIELDS = ("mechanism", "sampling", "noise_multiplier", "clip_norm", "clipping", "steps", "releases", "unit")
+
+
+def _is_step(seg: Segment) -> bool:
+    """Optimizer steps (and un-noised ones) need a sampling; releases without sampling (a noised statistic) do not."""
+    return seg.mechanism == "none" or get_mechanism(seg.mechanism).needs_sampling
 
 
 def _key(seg: Segment) -> tuple:

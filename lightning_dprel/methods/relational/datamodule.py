@@ -290,13 +290,10 @@ class RelationalDataModule(PrivateDataModule):
         self.sampling_spec  # noqa: B018 - raises a clear error before setup
         return self.stream
 
-    def _world(self) -> tuple[int, int]:
-        return self.world()
-
     # ---------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
         """Training loader: ``steps_per_epoch`` TupleBatches per epoch (never re-wrapped by Lightning)."""
-        return StatefulLoader(TupleStream(self._live_stream(), self._world), self)
+        return StatefulLoader(TupleStream(self._live_stream(), self.world), self)
 
     def val_dataloader(self) -> DataLoader:
         """Validation queries (RankingBatch) for PREC@1 / MRR: the validation graph's, else the test queries (warned)."""
@@ -309,12 +306,12 @@ class RelationalDataModule(PrivateDataModule):
                 category=UserWarning,
             )
         ev = self._val if self._val is not None else self._test
-        return DataLoader(RankingStream(ev, self.eval_batch_size, self._world), batch_size=None, num_workers=0)
+        return DataLoader(RankingStream(ev, self.eval_batch_size, self.world), batch_size=None, num_workers=0)
 
     def test_dataloader(self) -> DataLoader:
         """Test queries (RankingBatch) for PREC@1 / MRR on the test graph."""
         self.sampling_spec  # noqa: B018
-        return DataLoader(RankingStream(self._test, self.eval_batch_size, self._world), batch_size=None, num_workers=0)
+        return DataLoader(RankingStream(self._test, self.eval_batch_size, self.world), batch_size=None, num_workers=0)
 
     # ------------------------------------------------------------ the stream
     def draw_global(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
