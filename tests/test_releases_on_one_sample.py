@@ -229,3 +229,16 @@ def test_an_undeclared_second_release_that_overshoots_is_an_error_naming_the_fix
                                  noise_seed=0)
     with pytest.raises(RuntimeError, match="releases_per_sample = 2"):
         _trainer([PrivacyCallback(delta=1e-5, target_epsilon=target)], 10).fit(module, datamodule=_dm())
+
+
+def test_the_gaussian_release_is_dp_accountings_gaussian_event():
+    """The `gaussian` mechanism against an independent reference: dp-accounting's RDP of GaussianDpEvent(σ)."""
+    import numpy as np
+
+    from lightning_dprel.accounting import DEFAULT_ORDERS, per_step_rdp
+
+    for sigma in (0.8, 2.0, 5.0):
+        ref = dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
+        ref.compose(dp_accounting.GaussianDpEvent(sigma), 3)
+        ours = 3 * per_step_rdp("gaussian", None, sigma)
+        np.testing.assert_allclose(ours, ref._rdp, rtol=1e-12)
