@@ -44,10 +44,10 @@ def _rss_mib() -> float:
 
 
 def _setup(encoder_name: str, seed: int = 0):
-    from lightning_dprel.methods.relational.batch import TupleBatch
+    from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
     from lightning_dprel.demos import random_text_graph, resolve_pretrained
     from lightning_dprel.encoders import MLPEncoder, TextEncoder
-    from lightning_dprel.methods.relational.sampling import max_freq
+    from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
     g = torch.Generator().manual_seed(seed)
     num_nodes = B * (2 + K_NEG) * 2
@@ -85,7 +85,7 @@ def _make_step(mode: str, encoder, batch):
     from lightning_dprel.grad_sample.memory import auto_chunk_size
     from lightning_dprel.core.optim import DPOptimizer
     from lightning_dprel.grad_sample.per_tuple import per_tuple_grads, trainable_parameters
-    from lightning_dprel.methods.relational.batch import tuple_inputs
+    from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
     from lightning_dprel.core.randomness import KeyedStream
 
     named = trainable_parameters(encoder)
@@ -218,7 +218,7 @@ def check_equal_float64() -> float:
     from lightning_dprel.grad_sample.ghost import ghost_grads
     from lightning_dprel.methods.relational.losses import tuple_loss
     from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, per_tuple_grads
-    from lightning_dprel.methods.relational.sampling import max_freq
+    from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
     head = lambda h, a: tuple_loss(h, a, score="cosine", temperature=0.5, loss="infonce")  # noqa: E731
     b, k, g = 6, 3, torch.Generator().manual_seed(0)

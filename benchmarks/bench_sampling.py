@@ -27,8 +27,8 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import barabasi_albert_graph
 
-from lightning_dprel.methods.relational.datamodule import RelationalDataModule
-from lightning_dprel.methods.relational.sampling import (
+from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
+from lightning_dprel.datamodules.edge_tuples.sampling import (
     cap_degree,
     edge_priority,
     max_freq,

@@ -14,8 +14,8 @@ from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
 __version__ = "0.1.0"
 
 _LAZY = {
-    "TupleBatch": "lightning_dprel.methods.relational.batch",
-    "RankingBatch": "lightning_dprel.methods.relational.batch",
+    "TupleBatch": "lightning_dprel.datamodules.edge_tuples.batch",
+    "RankingBatch": "lightning_dprel.datamodules.edge_tuples.batch",
     "DPRelationalModule": "lightning_dprel.methods.relational.module",
     "TextEncoder": "lightning_dprel.encoders",
     "MLPEncoder": "lightning_dprel.encoders",

@@ -149,7 +149,7 @@ def _capping_messages(dm) -> list[str]:
 
 def test_a_far_too_large_K_warns_with_the_largest_degree():
     from lightning_dprel.demos import random_feature_graph
-    from lightning_dprel.methods.relational.sampling import to_simple_undirected
+    from lightning_dprel.datamodules.edge_tuples.sampling import to_simple_undirected
 
     graph = random_feature_graph(200, 600, seed=1)
     dm = _dm(graph, max_degree=10**6)

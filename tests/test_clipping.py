@@ -15,7 +15,7 @@ from lightning_dprel.core.clipping import (
     standard_clip,
     weighted_sum,
 )
-from lightning_dprel.methods.relational.sampling import max_freq
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
 
 def _random_batch(seed, size, k, num_nodes, shapes=((3, 4), (5,))):

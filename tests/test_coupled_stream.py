@@ -12,10 +12,10 @@ import torch
 from ddp_helpers import gloo_group, run_script, spawn
 
 from lightning_dprel.datamodules import RelationalDataModule
-from lightning_dprel.methods.relational.coupled_stream import SAMPLING_TAG
+from lightning_dprel.datamodules.edge_tuples.coupled_stream import SAMPLING_TAG
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.sampling import neg_sample_wor, poisson_positives
+from lightning_dprel.datamodules.edge_tuples.sampling import neg_sample_wor, poisson_positives
 
 GRAPH = random_feature_graph(200, 600, seed=1)
 

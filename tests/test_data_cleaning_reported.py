@@ -124,7 +124,7 @@ def test_one_shared_text_check():
 # ------------------------------------------------------------------------------------------ item 7: help(__init__)
 def _init_docs():
     from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
-    from lightning_dprel.methods.relational.datamodule import RelationalDataModule
+    from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
     from lightning_dprel.methods.relational.module import DPRelationalModule
 
     return [

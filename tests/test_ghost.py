@@ -20,7 +20,7 @@ from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, per_tuple_grads, trainable_parameters
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.sampling import max_freq
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
 B, K = 7, 3
 TOL = 1e-10

@@ -17,7 +17,7 @@ from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.grad_sample.ghost import GhostGrads, GhostUnsupported
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, TupleGradients, trainable_parameters
-from lightning_dprel.methods.relational.batch import tuple_inputs
+from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
 from lightning_dprel.demos.tuple_batches import build_tuple_batch
 
 B, K = 3, 2

@@ -11,9 +11,9 @@ PACKAGES = ("lightning_dprel", "datamodules", "callbacks")
 # The training path: datamodule → batch → module → optimizer hook → ledger/callback (accounting math and
 # dataset parsers are not on it).
 TRAINING_PATH = [
-    "lightning_dprel/methods/relational/datamodule.py", "lightning_dprel/methods/relational/coupled_stream.py",
-    "lightning_dprel/methods/relational/graph_prep.py", "lightning_dprel/methods/relational/rows.py",
-    "lightning_dprel/methods/relational/sampling.py", "lightning_dprel/methods/relational/batch.py", "lightning_dprel/grad_sample/per_tuple.py", "lightning_dprel/methods/relational/module.py",
+    "lightning_dprel/datamodules/edge_tuples/datamodule.py", "lightning_dprel/datamodules/edge_tuples/coupled_stream.py",
+    "lightning_dprel/datamodules/edge_tuples/graph_prep.py", "lightning_dprel/datamodules/edge_tuples/rows.py",
+    "lightning_dprel/datamodules/edge_tuples/sampling.py", "lightning_dprel/datamodules/edge_tuples/batch.py", "lightning_dprel/grad_sample/per_tuple.py", "lightning_dprel/methods/relational/module.py",
     "lightning_dprel/core/clipping.py", "lightning_dprel/core/optim.py", "lightning_dprel/core/randomness.py", "lightning_dprel/core/ledger.py",
     "lightning_dprel/core/budget.py", "lightning_dprel/callbacks/privacy.py", "lightning_dprel/callbacks/checks.py",
 ]
@@ -101,7 +101,7 @@ def test_a_user_project_with_its_own_callbacks_and_datamodules_packages(tmp_path
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["lightning_dprel.callbacks.privacy", "lightning_dprel.methods.relational.datamodule"]
+    assert proc.stdout.split() == ["lightning_dprel.callbacks.privacy", "lightning_dprel.datamodules.edge_tuples.datamodule"]
     cli = subprocess.run([sys.executable, "-m", "lightning_dprel", "fit", "--config", str(Path(ROOT) / "configs" / "tiny.yaml"),
                           "--print_config"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and "lightning_dprel.callbacks.PrivacyCallback" in cli.stdout, cli.stderr[-2000:]

@@ -16,9 +16,9 @@ from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule, refuse_unsafe_trainer_settings, target_ranks
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.grad_sample.per_tuple import per_tuple_grads
-from lightning_dprel.methods.relational.batch import tuple_inputs
+from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.sampling import max_freq
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 from lightning_dprel.demos.tuple_batches import build_tuple_batch, ranking_batch, sample_coupled
 
 # The fits here use plain loaders: no validation loader, and (allow_untracked=True) neither a PrivacyCallback nor a

@@ -9,7 +9,7 @@ from lightning_dprel.demos import WORDS, save_tiny_bert
 from lightning_dprel.encoders import MLPEncoder, TextEncoder
 from lightning_dprel.methods.relational.losses import tuple_loss
 from lightning_dprel.grad_sample.per_tuple import per_tuple_grads, trainable_parameters, uses_dropout
-from lightning_dprel.methods.relational.batch import tuple_inputs
+from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
 from lightning_dprel.demos.tuple_batches import build_tuple_batch, tokenize_nodes
 
 
@@ -158,7 +158,7 @@ def test_tuple_gradients_do_not_depend_on_the_other_tuples_text_lengths(tiny_ber
     The datamodule pads every training batch to the fixed ``max_length``; trimming to the batch's longest text
     changed the other tuples' float32 gradients by ~1e-7 relative (a different attention width and reduction).
     """
-    from lightning_dprel.methods.relational.rows import gather_rows
+    from lightning_dprel.datamodules.edge_tuples.rows import gather_rows
 
     dm = _text_datamodule(tiny_bert, " ".join(WORDS[:14]))
     assert int(dm.train_inputs["attention_mask"][11].sum()) == 16 and int(dm.train_inputs["attention_mask"].sum(1).min()) == 3

@@ -459,7 +459,7 @@ def test_summary_line(mech, label):
 
 # ---------------------------------------------------------------------- our module + datamodule, plain Lightning
 def real_pair(*, sigma=1.0, calibrate_sigma=None):
-    from lightning_dprel.methods.relational.datamodule import RelationalDataModule
+    from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
     from lightning_dprel.demos import random_feature_graph
     from lightning_dprel.encoders import MLPEncoder
     from lightning_dprel.methods.relational.module import DPRelationalModule

@@ -12,9 +12,9 @@ from torch_geometric.data import Data
 from torch_geometric.datasets import FakeDataset, StochasticBlockModelDataset
 
 from lightning_dprel.datamodules import GraphPair, GraphSource, PyGSource, RelationalDataModule
-from lightning_dprel.methods.relational.batch import RankingBatch, TupleBatch
+from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch
 from lightning_dprel.demos import random_feature_graph, random_text_graph, save_tiny_bert
-from lightning_dprel.methods.relational.sampling import cap_degree, max_freq, to_simple_undirected
+from lightning_dprel.datamodules.edge_tuples.sampling import cap_degree, max_freq, to_simple_undirected
 
 pytestmark = pytest.mark.filterwarnings(
     r"ignore:RelationalDataModule\(sampling_seed=<int>\)", "ignore:RelationalDataModule has no validation graph"

@@ -13,8 +13,8 @@ import torch
 from scipy import stats
 
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.ranking import sample_eval_candidates
-from lightning_dprel.methods.relational.sampling import (
+from lightning_dprel.datamodules.edge_tuples.evaluation import sample_eval_candidates
+from lightning_dprel.datamodules.edge_tuples.sampling import (
     cap_degree,
     edge_priority,
     max_freq,

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Data
 
 from lightning_dprel.datamodules import RelationalDataModule
-from lightning_dprel.methods.relational.datamodule import held_out_mask
+from lightning_dprel.datamodules.edge_tuples.datamodule import held_out_mask
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule

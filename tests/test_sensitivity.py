@@ -3,7 +3,7 @@
 B' is built as in the paper's neighbouring definition: the removed node u*'s positive tuples are dropped
 and its negative slot (if any, in another tuple T) is given to a node z that fills no other negative slot;
 T's gradient may change arbitrarily, every other tuple keeps its gradient. FREQ-CLIP's frequencies are
-**recomputed on B'** with :func:`lightning_dprel.methods.relational.sampling.max_freq`. We measure
+**recomputed on B'** with :func:`lightning_dprel.datamodules.edge_tuples.sampling.max_freq`. We measure
 Δ = ‖Σ_B ḡ − Σ_B' ḡ'‖ with the library's clipping functions on synthetic gradient vectors and compare
 with the corrected profile Δ_freq(i, j) = C(1/2 + 3j/4 + i(1+k)/4) (FREQ-CLIP) and C(i + 2j) (standard),
 where i = u*'s positive tuples in B and j = 1 when u* fills a negative slot of a kept tuple.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lightning_dprel.core.clipping import apply_factors, freq_clip_factors, standard_clip_factors
-from lightning_dprel.methods.relational.sampling import max_freq
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
 C = 1.0
 K = 5

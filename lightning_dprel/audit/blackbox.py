@@ -40,7 +40,7 @@ from lightning_dprel.audit.runner import PROVEN_MECHANISM
 from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
 from lightning_dprel.callbacks.privacy import PrivacyCallback
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
-from lightning_dprel.methods.relational.datamodule import RelationalDataModule
+from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.losses import pair_scores

@@ -3,8 +3,8 @@
 The threat model of DP-SGD: the adversary sees every released (noised, scaled) update and chooses each tuple's
 gradient; the guarantee must hold for any gradients. Each canary owns a coordinate; its tuples' gradients are
 G·(±e_c) with G ≫ C (see :mod:`lightning_dprel.audit.canaries`). Batches come from the library's sampler
-(:func:`~lightning_dprel.methods.relational.sampling.poisson_positives`, :func:`~lightning_dprel.methods.relational.sampling.neg_sample_wor`,
-:func:`~lightning_dprel.methods.relational.sampling.max_freq`) and the step is :class:`~lightning_dprel.core.optim.DPOptimizer`'s (clip,
+(:func:`~lightning_dprel.datamodules.edge_tuples.sampling.poisson_positives`, :func:`~lightning_dprel.datamodules.edge_tuples.sampling.neg_sample_wor`,
+:func:`~lightning_dprel.datamodules.edge_tuples.sampling.max_freq`) and the step is :class:`~lightning_dprel.core.optim.DPOptimizer`'s (clip,
 sum, one noise draw from the keyed stream, ÷ b), over one parameter θ ∈ R^m with SGD at lr 1.
 
 Score of canary c = b · Σ_t (released update_t)[c] (with SGD this is also −b·θ_T[c]: the final model). b is
@@ -22,7 +22,7 @@ from lightning_dprel.audit.canaries import CanaryGraph, check_int
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.grad_sample.per_tuple import TupleGradients
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.sampling import max_freq, neg_sample_wor, poisson_positives
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq, neg_sample_wor, poisson_positives
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 __all__ = ["CanaryGrads", "WhiteBoxSetting", "canary_scores", "sampling_spec"]

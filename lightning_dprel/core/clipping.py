@@ -86,7 +86,7 @@ def freq_clip_thresholds(max_freq: Tensor, clip_norm: float) -> Tensor:
     if max_freq.numel() and int(max_freq.min()) < 1:
         raise ValueError(
             f"`max_freq` entries must be >= 1 (every node of a tuple occurs in it), got min {int(max_freq.min())}; "
-            "compute it with lightning_dprel.methods.relational.sampling.max_freq over the global batch."
+            "compute it with lightning_dprel.datamodules.edge_tuples.sampling.max_freq over the global batch."
         )
     return clip_norm / (2.0 * max_freq.double())
 

@@ -13,7 +13,7 @@ _LAZY = {
     "GraphPair": "lightning_dprel.datamodules.datasets.base",
     "GraphSource": "lightning_dprel.datamodules.datasets.base",
     "PyGSource": "lightning_dprel.datamodules.datasets.base",
-    "RelationalDataModule": "lightning_dprel.methods.relational.datamodule",
+    "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
     "NodeSplitDataModule": "lightning_dprel.methods.dp_gcn.datamodule",
 }
 

@@ -1,6 +1,6 @@
 """Build TupleBatch / RankingBatch directly from tensors (no datamodule needed), for tests and examples.
 
-``max_freq`` is computed over the *global* batch with :func:`lightning_dprel.methods.relational.sampling.max_freq` before a
+``max_freq`` is computed over the *global* batch with :func:`lightning_dprel.datamodules.edge_tuples.sampling.max_freq` before a
 rank takes its slice, as the datamodule contract requires.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_dprel.methods.relational.batch import RankingBatch, TupleBatch
-from lightning_dprel.methods.relational.sampling import max_freq
+from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
 __all__ = ["build_tuple_batch", "sample_coupled", "ranking_batch", "tokenize_nodes"]
 

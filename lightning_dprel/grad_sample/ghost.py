@@ -343,7 +343,7 @@ def ghost_grads(
 
     Args:
         encoder: maps node inputs ``[N, ...]`` to embeddings ``[N, d]``, each row from its own inputs only.
-        inputs: per-tuple node inputs ``[B, 2 + k, ...]`` (see :func:`~lightning_dprel.methods.relational.batch.tuple_inputs`).
+        inputs: per-tuple node inputs ``[B, 2 + k, ...]`` (see :func:`~lightning_dprel.datamodules.edge_tuples.batch.tuple_inputs`).
         head: per-tuple losses from embeddings; must broadcast: ``head(h [B, 2+k, d], *args) -> [B]``.
         head_args: tensors with leading dimension B.
         params: the trainable parameters (default: all with ``requires_grad``).

@@ -68,7 +68,7 @@ def per_tuple_grads(
     Args:
         encoder: maps keyword inputs (``x`` or ``input_ids``/``attention_mask``) of ``2 + k`` nodes to
             embeddings ``[2 + k, d]``.
-        inputs: per-tuple node inputs, each ``[B, 2 + k, ...]`` (see :func:`~lightning_dprel.methods.relational.batch.tuple_inputs`).
+        inputs: per-tuple node inputs, each ``[B, 2 + k, ...]`` (see :func:`~lightning_dprel.datamodules.edge_tuples.batch.tuple_inputs`).
         head: ``head(h, *args_i) -> scalar`` loss of one tuple from its embeddings.
         head_args: tensors with leading dimension ``B`` passed per tuple to ``head`` (e.g. ``neg_anchor``).
         params: the parameters to differentiate (default: :func:`trainable_parameters` of ``encoder``);

@@ -57,7 +57,7 @@ def accounted_degree(sampling: SamplingSpec) -> int:
     Why min(K, n) is not an under-statement: K enters Theorem C.1 only as a bound on the number of relations
     (capped edges) of the entity that is added or removed — the clipping, the Poisson rate γ and the negative
     sampling do not depend on K. Relations are simple and undirected (no self-loops, no repeats; see
-    :func:`~lightning_dprel.methods.relational.sampling.to_simple_undirected`), so in a graph of n nodes an entity has at most
+    :func:`~lightning_dprel.datamodules.edge_tuples.sampling.to_simple_undirected`), so in a graph of n nodes an entity has at most
     n − 1 of them, and an entity *added* to it (a graph of n + 1 nodes) at most n. Every pair of neighbouring
     datasets the guarantee quantifies over therefore differs by an entity with ≤ min(K, n) relations, and the
     theorem with K' = min(K, n) covers exactly the same pairs as with K. (The *observed* maximum degree is no

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_dprel.methods.relational.batch import RankingBatch
+from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch
 from lightning_dprel.methods.relational.losses import pair_scores, score_matrix
 from lightning_dprel.progress import chunk_progress
 from lightning_dprel.methods.relational.ranking import target_ranks

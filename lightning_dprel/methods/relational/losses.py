@@ -1,7 +1,7 @@
 """Scores and per-tuple losses for relational learning (Section 3 of Huang et al.).
 
 A tuple T_i = (e⁺, e⁻_1, …, e⁻_k) has node embeddings h of shape ``[2 + k, d]`` in the column order of
-:class:`~lightning_dprel.methods.relational.batch.TupleBatch` (u, v, z_1, …, z_k); negative edge j is (w_j, z_j) with
+:class:`~lightning_dprel.datamodules.edge_tuples.batch.TupleBatch` (u, v, z_1, …, z_k); negative edge j is (w_j, z_j) with
 w_j = u if ``neg_anchor[j] == 0`` else v. Every function here broadcasts over leading dimensions, so the
 same code scores one tuple (inside ``vmap``) or a whole batch.
 

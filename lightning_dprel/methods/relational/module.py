@@ -21,7 +21,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from lightning_dprel.methods.relational.batch import TupleBatch
+from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.methods.relational.inference import input_spec_of
 from lightning_dprel.methods.relational.inference import EmbedAndRank
@@ -31,7 +31,7 @@ from lightning_dprel.core.private_module import PrivateModule, refuse_unsafe_tra
 from lightning_dprel.grad_sample.ghost import GhostPlan, GhostUnsupported, ghost_grads, ghost_plan
 from lightning_dprel.grad_sample.memory import auto_chunk_size
 from lightning_dprel.grad_sample.per_tuple import PerTupleResult, per_tuple_grads, trainable_parameters
-from lightning_dprel.methods.relational.batch import tuple_inputs
+from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
 from lightning_dprel.methods.relational.ranking import target_ranks
 
 __all__ = ["DPRelationalModule", "target_ranks", "refuse_unsafe_trainer_settings"]

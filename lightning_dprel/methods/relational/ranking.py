@@ -1,17 +1,13 @@
-"""Ranking evaluation (Section 5.2): candidate sets and the rank of each query's true target (PREC@1, MRR)."""
+"""Ranking evaluation (Section 5.2): the rank of each query's true target (PREC@1, MRR)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_dprel.methods.relational.losses import pair_scores, score_matrix
-from lightning_dprel.core.randomness import check_source
-from lightning_dprel.methods.relational.sampling import sample_without_replacement
 
-__all__ = ["target_ranks", "sample_eval_candidates"]
+__all__ = ["target_ranks"]
 
 
 def target_ranks(
@@ -59,35 +55,3 @@ def target_ranks(
     return 1 + beats.sum(1)
 
 
-def sample_eval_candidates(
-    query: Tensor, target: Tensor, num_nodes: int, num_negatives: int, *, generator: Any
-) -> Tensor:
-    """Candidate sets for relation prediction (Section 5.2): the target plus N distinct sampled negatives.
-
-    For query q with relation (u_q, v_q), the N negatives are drawn uniformly without replacement from
-    V \\ {u_q, v_q}; column 0 of the result is v_q.
-
-    Args:
-        query: ``[Q]`` node ids u_q.
-        target: ``[Q]`` node ids v_q (≠ u_q).
-        num_nodes: n of the evaluation graph; needs N ≤ n − 2.
-        num_negatives: N ≥ 1.
-        generator: the source of randomness.
-
-    Returns:
-        ``[Q, 1 + N]`` global node ids.
-    """
-    check_source(generator, "generator")
-    if num_negatives < 1 or num_negatives > num_nodes - 2:
-        raise ValueError(
-            f"`eval_candidates` must be in [1, n - 2] = [1, {num_nodes - 2}] for a graph of {num_nodes} nodes, "
-            f"got {num_negatives}; lower it or use None (rank against all nodes)."
-        )
-    num_q = query.numel()
-    lo, hi = torch.minimum(query, target).long(), torch.maximum(query, target).long()
-    draws = torch.empty(num_q, num_negatives, dtype=torch.long)
-    for i in range(num_q):  # one WOR draw per query from [0, n - 2); shifted past u_q, v_q below
-        draws[i] = sample_without_replacement(num_nodes - 2, num_negatives, generator=generator)
-    draws = draws + (draws >= lo[:, None]).long()
-    draws = draws + (draws >= hi[:, None]).long()
-    return torch.cat([target.long()[:, None], draws], dim=1)

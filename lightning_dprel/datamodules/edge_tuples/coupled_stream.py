@@ -20,11 +20,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_dprel.methods.relational.graph_prep import check_int
-from lightning_dprel.methods.relational.rows import gather_rows, one_thread, slice_rows
-from lightning_dprel.methods.relational.batch import TupleBatch
+from lightning_dprel.datamodules.edge_tuples.graph_prep import check_int
+from lightning_dprel.datamodules.edge_tuples.rows import gather_rows, one_thread, slice_rows
+from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.relational.sampling import max_freq, neg_sample_wor, poisson_positives
+from lightning_dprel.datamodules.edge_tuples.sampling import max_freq, neg_sample_wor, poisson_positives
 from lightning_dprel.core.specs import ENTITY, SamplingSpec
 
 __all__ = [

@@ -5,15 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from lightning_dprel.methods.relational.rows import gather_rows, one_thread, slice_rows
-from lightning_dprel.methods.relational.batch import RankingBatch
-from lightning_dprel.methods.relational.ranking import sample_eval_candidates
-from lightning_dprel.methods.relational.sampling import sample_without_replacement
+from lightning_dprel.datamodules.edge_tuples.rows import gather_rows, one_thread, slice_rows
+from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch
+from lightning_dprel.core.randomness import check_source
+from lightning_dprel.datamodules.edge_tuples.sampling import sample_without_replacement
 
 __all__ = ["EvalSet", "eval_queries", "ranking_batch", "RankingStream"]
 
@@ -91,3 +92,37 @@ class RankingStream(IterableDataset):
             with one_thread():
                 batch = ranking_batch(self.ev, rows)
             yield batch
+
+
+def sample_eval_candidates(
+    query: Tensor, target: Tensor, num_nodes: int, num_negatives: int, *, generator: Any
+) -> Tensor:
+    """Candidate sets for relation prediction (Section 5.2): the target plus N distinct sampled negatives.
+
+    For query q with relation (u_q, v_q), the N negatives are drawn uniformly without replacement from
+    V \\ {u_q, v_q}; column 0 of the result is v_q.
+
+    Args:
+        query: ``[Q]`` node ids u_q.
+        target: ``[Q]`` node ids v_q (≠ u_q).
+        num_nodes: n of the evaluation graph; needs N ≤ n − 2.
+        num_negatives: N ≥ 1.
+        generator: the source of randomness.
+
+    Returns:
+        ``[Q, 1 + N]`` global node ids.
+    """
+    check_source(generator, "generator")
+    if num_negatives < 1 or num_negatives > num_nodes - 2:
+        raise ValueError(
+            f"`eval_candidates` must be in [1, n - 2] = [1, {num_nodes - 2}] for a graph of {num_nodes} nodes, "
+            f"got {num_negatives}; lower it or use None (rank against all nodes)."
+        )
+    num_q = query.numel()
+    lo, hi = torch.minimum(query, target).long(), torch.maximum(query, target).long()
+    draws = torch.empty(num_q, num_negatives, dtype=torch.long)
+    for i in range(num_q):  # one WOR draw per query from [0, n - 2); shifted past u_q, v_q below
+        draws[i] = sample_without_replacement(num_nodes - 2, num_negatives, generator=generator)
+    draws = draws + (draws >= lo[:, None]).long()
+    draws = draws + (draws >= hi[:, None]).long()
+    return torch.cat([target.long()[:, None], draws], dim=1)

@@ -1,9 +1,9 @@
 """RelationalDataModule: any PyG graph → the coupled batches the entity-level analysis assumes.
 
-A thin PrivateDataModule (privacy unit: an entity) wiring three rooms: :mod:`datamodules.graph_prep` (public preparation: cleaning,
-held-out split, degree capping, node inputs, evaluation queries), :mod:`datamodules.coupled_stream` (the
+A thin PrivateDataModule (privacy unit: an entity) wiring three rooms: :mod:`~lightning_dprel.datamodules.edge_tuples.graph_prep` (public preparation: cleaning,
+held-out split, degree capping, node inputs, evaluation queries), :mod:`~lightning_dprel.datamodules.edge_tuples.coupled_stream` (the
 training stream, Algorithm 3 with Algorithm 2 NEG-SAMPLE-WOR, on a keyed CSPRNG) and
-:mod:`datamodules.evaluation` (RankingBatch queries for PREC@1 and MRR, Section 5.2).
+:mod:`~lightning_dprel.datamodules.edge_tuples.evaluation` (RankingBatch queries for PREC@1 and MRR, Section 5.2).
 
 References:
     Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
@@ -23,7 +23,7 @@ from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 from torch_geometric.transforms import BaseTransform
 
-from lightning_dprel.methods.relational.coupled_stream import (
+from lightning_dprel.datamodules.edge_tuples.coupled_stream import (
     STATE_VERSION,
     CoupledStream,
     StatefulLoader,
@@ -33,13 +33,13 @@ from lightning_dprel.methods.relational.coupled_stream import (
     sampling_randomness,
 )
 from lightning_dprel.datamodules.datasets.base import GraphSource
-from lightning_dprel.methods.relational.evaluation import EvalSet, RankingStream
-from lightning_dprel.methods.relational.graph_prep import check_int, derive_seed, held_out_mask, prepare
-from lightning_dprel.methods.relational.rows import slice_rows
-from lightning_dprel.methods.relational.batch import TupleBatch
+from lightning_dprel.datamodules.edge_tuples.evaluation import EvalSet, RankingStream
+from lightning_dprel.datamodules.edge_tuples.graph_prep import check_int, derive_seed, held_out_mask, prepare
+from lightning_dprel.datamodules.edge_tuples.rows import slice_rows
+from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.encoders import resolve_tokenizer
 from lightning_dprel.core.randomness import distributed
-from lightning_dprel.methods.relational.sampling import CAPPING_POLICIES
+from lightning_dprel.datamodules.edge_tuples.sampling import CAPPING_POLICIES
 from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["RelationalDataModule", "derive_seed", "held_out_mask", "slice_rows"]
@@ -47,15 +47,15 @@ __all__ = ["RelationalDataModule", "derive_seed", "held_out_mask", "slice_rows"]
 class RelationalDataModule(PrivateDataModule):
     """Coupled relational sampling (Algorithms 2-3) over any PyG graph, for entity-level DP training.
 
-    Graph preparation (:meth:`setup`, identical on every rank; :func:`datamodules.graph_prep.prepare`):
+    Graph preparation (:meth:`setup`, identical on every rank; :func:`lightning_dprel.datamodules.edge_tuples.graph_prep.prepare`):
     self-loops, duplicate and reverse edges removed; edges treated as undirected relations. Without a
     separate test graph, each relation is held out for evaluation *before* capping iff a seeded hash of its
     canonical endpoints falls below ``test_fraction`` (:func:`held_out_mask`: the held-out count is
     Binomial(E, test_fraction), and removing a node changes the membership of its own relations only). The
-    training relations are degree-capped to K (:func:`~lightning_dprel.methods.relational.sampling.cap_degree`; see there what
+    training relations are degree-capped to K (:func:`~lightning_dprel.datamodules.edge_tuples.sampling.cap_degree`; see there what
     the guarantee covers under ``"drop"`` and ``"assert"``), giving m capped edges and γ = b/m.
 
-    Training stream (:class:`~datamodules.coupled_stream.CoupledStream`): per step, E⁺ ~ Poisson(Ē, γ) then
+    Training stream (:class:`~lightning_dprel.datamodules.edge_tuples.coupled_stream.CoupledStream`): per step, E⁺ ~ Poisson(Ē, γ) then
     NEG-SAMPLE-WOR (|E⁺|·k distinct nodes from all n, each paired with a uniformly random end of its
     positive); an empty E⁺ is a real, empty :class:`TupleBatch`. Text inputs keep their full ``max_length``
     width, so a tuple's gradient never depends on the other tuples' texts. Each ``iter()`` of the (sized)
@@ -93,7 +93,7 @@ class RelationalDataModule(PrivateDataModule):
         train_inputs, test_inputs: cached per-node inputs (``input_ids``/``attention_mask`` or ``x``).
         eval_query, eval_target: ``[Q]`` node ids of the evaluation relations; ``eval_cands``: ``[Q, 1 + N]``
             global candidate ids (target first) or None.
-        stream: the :class:`~datamodules.coupled_stream.CoupledStream` of training batches.
+        stream: the :class:`~lightning_dprel.datamodules.edge_tuples.coupled_stream.CoupledStream` of training batches.
 
     Raises:
         ValueError: bad options here; bad graphs in :meth:`setup` (no edges, ids out of range, nodes without

@@ -20,8 +20,8 @@ from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
 from lightning_dprel.datamodules.datasets.base import GraphSource
-from lightning_dprel.methods.relational.evaluation import EvalSet, eval_queries
-from lightning_dprel.methods.relational.sampling import cap_degree, edge_priority, to_simple_undirected
+from lightning_dprel.datamodules.edge_tuples.evaluation import EvalSet, eval_queries
+from lightning_dprel.datamodules.edge_tuples.sampling import cap_degree, edge_priority, to_simple_undirected
 from lightning_dprel.progress import ProgressLog
 from lightning_dprel.transforms import check_node_texts
 
@@ -106,7 +106,7 @@ def count_nodes(data: Data, name: str) -> int:
 
 
 def oriented_relations(data: Data, num_nodes: int, name: str) -> Tensor:
-    """The graph's relations, cleaned by :func:`~lightning_dprel.methods.relational.sampling.to_simple_undirected` (self-loops,
+    """The graph's relations, cleaned by :func:`~lightning_dprel.datamodules.edge_tuples.sampling.to_simple_undirected` (self-loops,
     duplicates and reverse duplicates removed, each step's count logged by :func:`report_cleaning`), each kept in its
     first listed orientation."""
     ei = getattr(data, "edge_index", None)
