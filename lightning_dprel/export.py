@@ -70,7 +70,15 @@ def privacy_report(module: Any, *, delta: float | None = None) -> dict[str, Any]
         "seeded_noise": seeded,
         "note": "the noise came from a public seed: anyone who knows it can remove it, so no epsilon holds"
         if seeded else "epsilon covers every step in ledger.json (all fits of this model)",
+        **_claims(module),
     }
+
+
+def _claims(module: Any) -> dict[str, Any]:
+    """A method's labelled reproduction of a published claim (e.g. AdvSGM's paper mode), kept apart from ``epsilon``."""
+    claims = getattr(module, "privacy_claims", None)
+    found = claims() if callable(claims) else {}
+    return {"published_claim": found} if found else {}
 
 
 def _privacy_unit(mechanism: str) -> str:

@@ -7,7 +7,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch import Tensor
 from torch_geometric.data import Data
+from torch_geometric.utils import coalesce
+
+from lightning_dprel.methods.dp_gcn.graph_splits import public_id_uniforms
 
 __all__ = ["GraphPair", "GraphSource", "PyGSource"]
 
@@ -68,3 +73,26 @@ class PyGSource(GraphSource):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dataset!r}, index={self.index})"
+
+
+def simple_undirected_edges(pairs: list[tuple[int, int]], num_nodes: int) -> Tensor:
+    """Each undirected relation once as ``[2, E]`` (u < v, sorted; self-loops and repeats dropped): the skip-gram graph."""
+    ei = torch.tensor(pairs, dtype=torch.long).t().reshape(2, -1)
+    ei = torch.stack([ei.min(dim=0).values, ei.max(dim=0).values])
+    return coalesce(ei[:, ei[0] != ei[1]], num_nodes=num_nodes)
+
+
+def check_max_nodes(max_nodes: int | None) -> int | None:
+    """``max_nodes`` of a hashed subset: None (all nodes) or an int >= 10."""
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 10):
+        raise ValueError(f"`max_nodes` must be None or an int >= 10, got {max_nodes!r}.")
+    return max_nodes
+
+
+def hashed_subset(node_ids: Tensor, max_nodes: int | None, population: int, seed: int) -> Tensor:
+    """Keep mask: each node iff a seeded public hash u(id) < max_nodes / population (all when None or >= population);
+    the hash of :func:`~lightning_dprel.datamodules.datasets.nodes.public_subset`, so the same seed keeps the same ids."""
+    if max_nodes is None or max_nodes >= population:
+        return torch.ones(node_ids.numel(), dtype=torch.bool)
+    return public_id_uniforms(node_ids, seed, "subset") < max_nodes / population
+

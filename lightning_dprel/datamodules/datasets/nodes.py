@@ -21,14 +21,11 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
+from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, WORDNET_NOUNS, parse_wordnet_nouns
 from lightning_dprel.methods.dp_gcn.graph_splits import check_node_ids, public_id_uniforms
 
 __all__ = ["NodeSource", "WordNetNodes", "SyntheticNodes", "InMemoryNodes", "public_masks", "public_subset", "stable_node_ids",
            "WORDNET_NOUNS"]
-
-#: Noun synsets in WordNet 3.0 (a public constant): ``max_nodes`` keeps each synset with probability max_nodes / this.
-WORDNET_NOUNS = 82_115
 
 
 def _ids(node_ids: Tensor | int) -> Tensor:

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
+from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource, check_max_nodes, hashed_subset, simple_undirected_edges
 
-__all__ = ["NOUN_LEXNAMES", "DEFAULT_WORDNET_DIR", "parse_wordnet_nouns", "load_wordnet_domain", "WordNetDomains", "WordNetLarge"]
+__all__ = ["NOUN_LEXNAMES", "DEFAULT_WORDNET_DIR", "parse_wordnet_nouns", "load_wordnet_domain", "WordNetDomains", "WordNetLarge",
+           "WordNetNounGraph", "WORDNET_NOUNS"]
 
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
 #: Lexicographer file numbers of the noun files (WordNet 3.0 ``lexnames(5WN)``).
@@ -26,6 +27,8 @@ NOUN_LEXNAMES = {
     24: "noun.relation", 25: "noun.shape", 26: "noun.state", 27: "noun.substance", 28: "noun.time",
 }
 _EDGE_POINTERS = ("@", "@i", "#m")
+#: Noun synsets in WordNet 3.0 (a public constant): a ``max_nodes`` subset keeps each synset with probability max_nodes / this.
+WORDNET_NOUNS = 82_115
 
 
 def _data_noun(wordnet_dir: str | Path) -> Path:
@@ -166,3 +169,51 @@ class WordNetLarge(GraphSource):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(test_domain={self.test_domain!r}, val_domain={self.val_domain!r})"
+
+
+class WordNetNounGraph(GraphSource):
+    """WordNet 3.0 nouns as one graph for skip-gram node embeddings (AdvSGM Section VI's link prediction and clustering).
+
+    Nodes: noun synsets (82,115 in WordNet 3.0). Edges: the hypernym (``@``), instance-hypernym (``@i``) and
+    member-holonym (``#m``) pointers of :func:`parse_wordnet_nouns` between kept synsets, each undirected relation once
+    (u < v; 96,720 pointers in the full file). Labels ``y``: the lexicographer file, an index into the 26 noun files in
+    order (``class_names``: ``noun.Tops`` = 0, ``noun.act`` = 1, …, ``noun.time`` = 25), for clustering. ``node_id``: the
+    synset offset (stable, public); ``node_names``: the offsets as strings. No features (``x`` is None), no text.
+
+    Args:
+        max_nodes: keep each synset iff a seeded public hash of its offset falls below max_nodes / 82,115 (about this
+            many synsets, each kept or not by its own offset, as :class:`~.nodes.WordNetNodes`); the graph is the one
+            induced on them (sparser than the whole). None: all synsets.
+        seed: the hash of the subset.
+        wordnet_dir: folder with WordNet 3.0's ``data.noun`` (default: Debian's ``/usr/share/wordnet``).
+    """
+
+    def __init__(self, max_nodes: int | None = None, seed: int = 0, wordnet_dir: str = DEFAULT_WORDNET_DIR) -> None:
+        self.max_nodes, self.seed, self.wordnet_dir = check_max_nodes(max_nodes), int(seed), wordnet_dir
+
+    def load(self) -> GraphPair:
+        synsets = parse_wordnet_nouns(self.wordnet_dir)
+        class_names = [NOUN_LEXNAMES[k] for k in sorted(NOUN_LEXNAMES)]
+        unknown = sorted({lex for lex, _, _ in synsets.values()} - set(class_names))
+        if unknown:
+            raise ValueError(f"data.noun holds synsets outside the 26 noun lexicographer files: {unknown}; is it WordNet 3.0?")
+        offsets = sorted(synsets)  # the row order only: the subset is decided by each offset alone
+        keep = hashed_subset(torch.tensor([int(o) for o in offsets]), self.max_nodes, WORDNET_NOUNS, self.seed)
+        offsets = [o for o, k in zip(offsets, keep.tolist()) if k]
+        index = {o: i for i, o in enumerate(offsets)}
+        edge_index = simple_undirected_edges([(index[o], index[t]) for o in offsets for t in synsets[o][2] if t in index], len(offsets))
+        if edge_index.shape[1] == 0:
+            raise ValueError(f"The {len(offsets)} synsets kept by max_nodes={self.max_nodes} share no relation; raise `max_nodes`.")
+        label = {name: i for i, name in enumerate(class_names)}
+        data = Data(
+            edge_index=edge_index,
+            num_nodes=len(offsets),
+            y=torch.tensor([label[synsets[o][0]] for o in offsets], dtype=torch.long),
+            node_id=torch.tensor([int(o) for o in offsets], dtype=torch.long),
+            node_names=offsets,
+            class_names=class_names,
+        )
+        return GraphPair(train=data, name=f"WordNet 3.0 nouns ({len(offsets)} synsets)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_nodes={self.max_nodes}, seed={self.seed})"

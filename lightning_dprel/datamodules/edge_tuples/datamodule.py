@@ -110,6 +110,9 @@ class RelationalDataModule(PrivateDataModule):
         4
     """
 
+    #: How nodes are fed to the encoder: ``"auto"`` (texts or ``data.x``) or ``"ids"`` (row numbers, for id embeddings).
+    node_inputs = "auto"
+
     def __init__(
         self,
         source: GraphSource | Data | PyGDataset | None = None,
@@ -239,7 +242,7 @@ class RelationalDataModule(PrivateDataModule):
             self.source, test_source=self.test_source, val_source=self.val_source, transform=self.transform,
             tokenizer=self.tokenizer, max_length=self.max_length, test_fraction=self.test_fraction,
             max_degree=self.max_degree, capping=self.capping, directed=self.directed, seed=self.seed,
-            max_eval_queries=self.max_eval_queries, eval_candidates=self.eval_candidates,
+            max_eval_queries=self.max_eval_queries, eval_candidates=self.eval_candidates, inputs=self.node_inputs,
         )
         spec = make_spec(
             g.num_nodes, int(g.train_edges.shape[1]), max_degree=self.max_degree,

@@ -143,8 +143,11 @@ def load_tokenizer(name: str | None) -> Any:
     return AutoTokenizer.from_pretrained(resolve_pretrained(name))
 
 
-def node_inputs(data: Data, num_nodes: int, tokenizer: Any, max_length: int, name: str) -> dict[str, Tensor]:
-    """Per-node encoder inputs, computed once: ``data.text`` tokenised and padded to ``max_length``, or dense ``data.x``."""
+def node_inputs(data: Data, num_nodes: int, tokenizer: Any, max_length: int, name: str, inputs: str = "auto") -> dict[str, Tensor]:
+    """Per-node encoder inputs, computed once: ``data.text`` tokenised and padded to ``max_length``, dense ``data.x``,
+    or (``inputs="ids"``, for id-embedding encoders) the row number ``node_id``."""
+    if inputs == "ids":
+        return {"node_id": torch.arange(num_nodes)}
     if tokenizer is not None:
         text = getattr(data, "text", None)
         if text is None:
@@ -271,13 +274,13 @@ def prepare(
     source: Any, *, test_source: Any = None, val_source: Any = None, transform: Any = None,
     tokenizer: str | None = None, max_length: int = 64, test_fraction: float = 0.2, max_degree: int = 5,
     capping: str = "drop", directed: bool = False, seed: int = 0, max_eval_queries: int | None = None,
-    eval_candidates: int | None = None,
+    eval_candidates: int | None = None, inputs: str = "auto",
 ) -> PreparedGraphs:
     """Load, clean, split, cap and tokenise (the datamodule's ``setup``; see its docstring for the options)."""
     train, test, val = _load_graphs(source, test_source, val_source, transform)
     tok = load_tokenizer(tokenizer)
     n = count_nodes(train, "source")
-    train_inputs = node_inputs(train, n, tok, max_length, "source")
+    train_inputs = node_inputs(train, n, tok, max_length, "source", inputs)
     oriented = oriented_relations(train, n, "source")
     if test is None:  # held-out split of the same graph, before capping: a per-relation hash decision
         salt = int(torch.randint(0, 2**62, (1,), generator=public_generator(seed, "split")))
@@ -293,7 +296,7 @@ def prepare(
         test_n, test_inputs = n, train_inputs
     else:
         test_n = count_nodes(test, "test_source")
-        test_inputs = node_inputs(test, test_n, tok, max_length, "test_source")
+        test_inputs = node_inputs(test, test_n, tok, max_length, "test_source", inputs)
         test_edges = _eval_relations(test, test_n, "test_source", "test")
     simple = to_simple_undirected(oriented, n)
     capped = cap_degree(simple, n, max_degree, policy=capping, generator=public_generator(seed, "cap"))
@@ -307,7 +310,7 @@ def prepare(
     val_set = None
     if val is not None:
         val_n = count_nodes(val, "val_source")
-        val_inputs = node_inputs(val, val_n, tok, max_length, "val_source")
+        val_inputs = node_inputs(val, val_n, tok, max_length, "val_source", inputs)
         val_edges = _eval_relations(val, val_n, "val_source", "validation")
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)
     return PreparedGraphs(n, capped, train_inputs, test_set, val_set)

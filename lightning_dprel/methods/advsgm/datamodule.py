@@ -1,0 +1,97 @@
+"""Edge tuples for private skip-gram: node ids as inputs, the unit and sampling of each AdvSGM mode.
+
+Provable mode (:class:`SkipGramDataModule`): the coupled edge-tuple sampling of the relational method, reused as is —
+K-capped edges, Poisson positives at γ = b/m, NEG-SAMPLE-WOR negatives from the whole id universe — with the unit
+``node_public_ids`` (the ids are public: a removed node keeps its rows, only its ≤ K positive tuples differ) or
+``entity`` (the node set itself is private; use the ``standard`` accounting). Paper-faithful mode
+(:class:`AdvSGMPaperDataModule`): the published batches (Algorithm 3): B edges without replacement, a random
+orientation, B·k negatives uniform on V hung on the start nodes, no degree cap; no bound holds for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_dprel.accounting.mechanisms.advsgm import advsgm_paper_sampling
+from lightning_dprel.core.specs import ENTITY, NODE_PUBLIC_IDS, SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
+from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
+from lightning_dprel.datamodules.edge_tuples.sampling import sample_without_replacement
+
+__all__ = ["SkipGramDataModule", "AdvSGMPaperDataModule", "PaperStream"]
+
+
+class SkipGramDataModule(RelationalDataModule):
+    """:class:`RelationalDataModule` for id embeddings (inputs ``node_id``), unit ``node_public_ids`` by default.
+
+    Args:
+        source: the graph (a GraphSource, PyG ``Data`` or ``Dataset``); no features needed.
+        public_ids: True (default): the node ids are public (unit ``node_public_ids``, accounting
+            ``skipgram_public_ids``); False: the node set is private (unit ``entity``, accounting ``standard``).
+        eval_candidates: random candidates per held-out edge for the validation/test AUC (default 1: as many
+            random pairs as held-out edges).
+        **kwargs: the options of :class:`RelationalDataModule` (``max_degree`` K, ``expected_batch_size`` b,
+            ``neg_per_pos`` k, ``test_fraction``, ``seed``, ``sampling_seed``, …).
+    """
+
+    node_inputs = "ids"
+
+    def __init__(self, source: Any = None, *, public_ids: bool = True, eval_candidates: int | None = 1, **kwargs: Any) -> None:
+        super().__init__(source, eval_candidates=eval_candidates, **kwargs)
+        self.public_ids = bool(public_ids)
+
+    @property
+    def num_nodes(self) -> int:
+        """n, the id universe (after :meth:`setup`)."""
+        return int(self.train_inputs["node_id"].numel())
+
+    @property
+    def sampling_spec(self) -> SamplingSpec:
+        unit = NODE_PUBLIC_IDS if self.public_ids else ENTITY
+        return dataclasses.replace(super().sampling_spec, privacy_unit=unit.name)
+
+
+class PaperStream(CoupledStream):
+    """Algorithm 3's batches: B training edges without replacement, random orientation, B·k uniform negatives on V
+    (with replacement, as the code draws them) hung on each positive's start node (``neg_anchor`` ≡ 0)."""
+
+    def draw_global(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        spec = self.spec
+        b, k = int(round(spec.expected_batch_size)), spec.neg_per_pos
+        idx = sample_without_replacement(spec.num_edges, b, generator=self.randomness.child(step, "positives"))
+        pos = self.edges.index_select(1, idx).t().contiguous()
+        flip = self.randomness.child(step, "orientation").uniform(b) < 0.5
+        pos = torch.where(flip[:, None], pos.flip(1), pos)
+        neg = self.randomness.child(step, "negatives").randint(spec.num_nodes, b * k).view(b, k)
+        return pos, neg, torch.zeros(b, k, dtype=torch.long)
+
+
+class AdvSGMPaperDataModule(SkipGramDataModule):
+    """The paper-faithful batches (fixed size B, no degree cap, ``n_D`` = 15 iterations per epoch); unit ``node_replace``.
+
+    Its sampling spec is :func:`~lightning_dprel.accounting.mechanisms.advsgm.advsgm_paper_sampling` (what Theorem 7
+    charges); the training it feeds has provable ε = ∞ (``docs/advsgm.md``).
+    """
+
+    def __init__(self, source: Any = None, *, batch_size: int = 128, neg_per_pos: int = 5, steps_per_epoch: int = 15, **kwargs: Any) -> None:
+        kwargs.setdefault("max_degree", 1 << 40)  # no cap: the paper bounds no degree
+        kwargs.setdefault("max_overflow_probability", 1.0 - 1e-12)  # negatives with replacement: no |E+|·k ≤ n bound
+        super().__init__(source, expected_batch_size=float(batch_size), neg_per_pos=neg_per_pos, steps_per_epoch=steps_per_epoch, **kwargs)
+        self.batch_size = int(batch_size)
+
+    def setup(self, stage: str | None = None) -> None:
+        fresh = self.stream is None
+        super().setup(stage)
+        if fresh:
+            old = self.stream
+            self.stream = PaperStream(old.edges, old.inputs, old.spec, old.randomness)
+            self.stream._pending, self.stream.epoch, self.stream.index = old._pending, old.epoch, old.index
+
+    @property
+    def sampling_spec(self) -> SamplingSpec:
+        spec = RelationalDataModule.sampling_spec.fget(self)
+        return advsgm_paper_sampling(num_nodes=spec.num_nodes, num_edges=spec.num_edges, batch_size=self.batch_size, k=spec.neg_per_pos)
