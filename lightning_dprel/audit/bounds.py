@@ -129,7 +129,8 @@ def default_guess_counts(m: int) -> tuple[int, ...]:
 
 
 def one_run_audit(
-    scores: Any, included: Any, *, delta: float, confidence: float = 0.95, guess_counts: tuple[int, ...] | None = None
+    scores: Any, included: Any, *, delta: float, confidence: float = 0.95, guess_counts: tuple[int, ...] | None = None,
+    sides: str = "both",
 ) -> OneRunBound:
     """ε lower bound from one run: top r/2 scores guessed in, bottom r/2 out, best r with Bonferroni (Steinke et al.).
 
@@ -139,7 +140,11 @@ def one_run_audit(
         delta: δ of the claims tested (the accountant's δ).
         confidence: 1 − significance of the whole bound (split evenly over ``guess_counts``).
         guess_counts: the r tried (default: 2, 4, 8, …, m).
+        sides: ``"both"`` (r/2 "in" from the top, r/2 "out" from the bottom) or ``"top"`` (all r guessed "in" from the
+            top: for scores that only ever reveal inclusion, e.g. a row that moved).
     """
+    if sides not in ("both", "top"):
+        raise ValueError(f"`sides` must be 'both' or 'top', got {sides!r}.")
     confidence, delta = _check_confidence(confidence), _check_delta(delta)
     s, coins = _scores_and_coins(scores, included)
     m = s.size
@@ -150,7 +155,7 @@ def one_run_audit(
     significance = (1.0 - confidence) / len(counts)
     best = (0.0, 0, 0)
     for r in counts:
-        top, bottom = r - r // 2, r // 2
+        top, bottom = (r - r // 2, r // 2) if sides == "both" else (r, 0)
         correct = int(coins[order[m - top:]].sum()) + int((~coins[order[:bottom]]).sum())
         eps = one_run_epsilon(m, r, correct, delta=delta, significance=significance)
         if eps > best[0] or best[1] == 0:

@@ -77,6 +77,10 @@ class DPSkipGramModule(PrivateModule):
         chunk_size: tuples per ghost pass (None: all).
     """
 
+    report_metrics = (("test_auc", "link AUC"),)
+    report_title = "Link prediction (held-out edges vs random pairs) on"
+    report_rows = ("initial tables", "trained")
+
     def __init__(
         self, encoder: nn.Module | Mapping | None = None, *, num_nodes: int | None = None, dim: int = 128, init_std: float = 1.0,
         mode: str = "provable", adversarial: float = 0.0, generator_steps: int = 1, generator_lr: float = 0.01,
