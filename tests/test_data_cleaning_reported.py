@@ -115,7 +115,7 @@ def test_embed_text_refuses_none_and_warns_on_empty_texts_the_same_way(tiny_bert
 
 def test_one_shared_text_check():
     from lightning_dprel import transforms
-    from lightning_dprel.methods.relational import graph_prep
+    from lightning_dprel.datamodules.edge_tuples import graph_prep
 
     assert graph_prep.check_node_texts is transforms.check_node_texts
     assert transforms.check_node_texts(("a", 3), "x") == ["a", "3"]

@@ -15,9 +15,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.data import Dataset as PyGDataset
 
 from lightning_dprel.accounting.mechanisms.advsgm import advsgm_paper_sampling
 from lightning_dprel.core.specs import ENTITY, NODE_PUBLIC_IDS, SamplingSpec
+from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
 from lightning_dprel.datamodules.edge_tuples.sampling import sample_without_replacement
@@ -40,7 +43,7 @@ class SkipGramDataModule(RelationalDataModule):
 
     node_inputs = "ids"
 
-    def __init__(self, source: Any = None, *, public_ids: bool = True, eval_candidates: int | None = 1, **kwargs: Any) -> None:
+    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, public_ids: bool = True, eval_candidates: int | None = 1, **kwargs: Any) -> None:
         super().__init__(source, eval_candidates=eval_candidates, **kwargs)
         self.public_ids = bool(public_ids)
 
@@ -77,7 +80,7 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
     charges); the training it feeds has provable ε = ∞ (``docs/advsgm.md``).
     """
 
-    def __init__(self, source: Any = None, *, batch_size: int = 128, neg_per_pos: int = 5, steps_per_epoch: int = 15, **kwargs: Any) -> None:
+    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, batch_size: int = 128, neg_per_pos: int = 5, steps_per_epoch: int = 15, **kwargs: Any) -> None:
         kwargs.setdefault("max_degree", 1 << 40)  # no cap: the paper bounds no degree
         kwargs.setdefault("max_overflow_probability", 1.0 - 1e-12)  # negatives with replacement: no |E+|·k ≤ n bound
         super().__init__(source, expected_batch_size=float(batch_size), neg_per_pos=neg_per_pos, steps_per_epoch=steps_per_epoch, **kwargs)
