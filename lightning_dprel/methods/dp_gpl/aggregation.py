@@ -1,0 +1,68 @@
+"""Confident-GNMax (Papernot et al. 2018, Alg. 1; DP-GPL Alg. 2, step 4): noisy-threshold, then noisy-argmax votes.
+
+A query j with vote counts c_j is answered iff max_m c_{j,m} + N(0, σ₁²) ≥ T; an answered query gets the label
+argmax_m (c_{j,m} + N(0, σ₂²)). Both noises come from a :class:`~lightning_dprel.core.randomness.KeyedStream`, so a run
+never replays them. What one labelled private node can change (it reaches exactly one teacher): one vote, so the max
+count moves by ≤ 1 (threshold: α/(2σ₁²) per query) and the histogram by ≤ √2 in ℓ₂ (GNMax: α/σ₂² per answered query).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_dprel.core.events import GaussianRelease
+from lightning_dprel.core.randomness import KeyedStream
+
+__all__ = ["vote_histogram", "Answers", "confident_gnmax", "pate_releases"]
+
+
+def vote_histogram(votes: Tensor, num_classes: int) -> Tensor:
+    """Counts [Q, C] of the teachers' votes ``votes`` [N, Q] (class ids in [0, C)); Alg. 2, step 3."""
+    if votes.dim() != 2 or votes.dtype.is_floating_point:
+        raise ValueError(f"`votes` must be an integer tensor [teachers, queries], got {tuple(votes.shape)} {votes.dtype}.")
+    if votes.numel() and (int(votes.min()) < 0 or int(votes.max()) >= num_classes):
+        raise ValueError(f"`votes` holds classes outside [0, {num_classes}).")
+    q = votes.shape[1]
+    counts = torch.zeros(q, num_classes, dtype=torch.float64)
+    counts.scatter_add_(1, votes.t().long(), torch.ones(q, votes.shape[0], dtype=torch.float64))
+    return counts
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The released part of an aggregation: which queries were answered and their noisy labels (−1: unanswered)."""
+
+    answered: Tensor
+    labels: Tensor
+
+    @property
+    def num_answered(self) -> int:
+        return int(self.answered.sum())
+
+
+def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float, sigma_vote: float,
+                    stream: KeyedStream) -> Answers:
+    """Confident-GNMax on vote counts [Q, C] (Papernot et al. 2018, Alg. 1), noise from ``stream`` (never replayed)."""
+    if counts.dim() != 2 or counts.shape[1] < 2:
+        raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
+    if not (sigma_threshold > 0 and sigma_vote > 0):
+        raise ValueError(f"Both noise scales must be > 0, got σ₁ = {sigma_threshold}, σ₂ = {sigma_vote}.")
+    if not isinstance(stream, KeyedStream):
+        raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
+    q, c = counts.shape
+    counts = counts.to(torch.float64)
+    gate = counts.max(dim=1).values + stream.normal(q, float(sigma_threshold), dtype=torch.float64)
+    answered = gate >= float(threshold)
+    noisy = counts + stream.normal(q * c, float(sigma_vote), dtype=torch.float64).view(q, c)
+    labels = torch.where(answered, noisy.argmax(dim=1), torch.full((q,), -1, dtype=torch.long))
+    return Answers(answered, labels)
+
+
+def pate_releases(*, sigma_threshold: float, sigma_vote: float, queries: int, unit: str = "labelled_node") -> tuple[GaussianRelease, ...]:
+    """The data-independent charge of ``queries`` Confident-GNMax queries: Gaussian releases of sensitivity C = 1
+    (the max count, σ₁) and C = √2 (the histogram, σ₂ → multiplier σ₂/√2), every query charged for both."""
+    return (GaussianRelease(float(sigma_threshold), unit, int(queries)),
+            GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, int(queries)))

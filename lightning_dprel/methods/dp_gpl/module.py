@@ -1,0 +1,181 @@
+"""DP-GPL (Alg. 2): frozen Φ pre-trained on G_pub, N teacher prompts on disjoint private groups, Confident-GNMax votes on
+public queries (each query charged to the ledger), and the released student prompt tuned on the answered queries only.
+
+Modes (the spec's "provable variant" is the default): ``mode="provable"`` charges every query α/(2σ₁²) + α/σ₂², which
+holds for ``view="public"`` (one node reaches one teacher). ``mode="paper"`` also computes the published data-dependent
+ε (PATE 2018 analysis), which is itself a function of the private votes: it is kept apart and warned about, never
+released as the run's ε. ``view="full"`` (the datamodule's paper-faithful view) voids the bound: ε = ∞. ``sigma=0``
+(``sigma_threshold = sigma_vote = 0``) is the noise-free ensemble (clean argmax on every query, ε = ∞).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pytorch_lightning import LightningModule
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, pate_releases, vote_histogram
+from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
+from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
+from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig, train_teachers_and_vote
+
+__all__ = ["DPGPLModule", "DP_GPL_PAPER_WARNING"]
+
+DP_GPL_PAPER_WARNING = (
+    "DP-GPL paper mode: the data-dependent ε (PATE 2018 analysis, as published) is a function of the private vote "
+    "histograms; releasing or stopping on it leaks. It is reported under `published_claim` only; the run's ε is the "
+    "data-independent bound."
+)
+
+
+class DPGPLModule(LightningModule):
+    """The student of DP-GPL; its fit first trains the teachers and answers the queries (once per model).
+
+    Args:
+        hidden_dim, conv, pretraining, pretrain_epochs, pretrain_lr: Φ and its public pre-training.
+        prompt, num_basis, teacher_epochs, teacher_lr, lr: prompt kind; teachers' tuning; the student's Adam lr.
+        threshold: T as a fraction of the N teachers (Confident-GNMax answers iff noisy max count ≥ T·N).
+        sigma_threshold, sigma_vote: σ₁, σ₂ (both 0: the noise-free ensemble); ignored when ``target_epsilon`` is set.
+        target_epsilon: calibrate σ₁ = σ₂ = σ so that Q queries cost exactly this ε at ``delta`` (data-independent).
+        mode: ``"provable"`` or ``"paper"`` (adds the published data-dependent ε, warned, under ``published_claim``).
+        teacher_chunk: teachers tuned together in one batch.
+        noise_seed: None (secret keyed noise); an int makes the votes' noise reproducible (voids the guarantee).
+    """
+
+    def __init__(self, *, hidden_dim: int = 128, conv: str = "gcn", pretraining: str = "dgi", pretrain_epochs: int = 100,
+                 pretrain_lr: float = 1e-3, prompt: str = "gpf_plus", num_basis: int = 5, teacher_epochs: int = 100,
+                 teacher_lr: float = 0.05, lr: float = 0.01, threshold: float = 0.3, sigma_threshold: float = 40.0,
+                 sigma_vote: float = 40.0, target_epsilon: float | None = None, delta: float = 1e-5, mode: str = "provable",
+                 teacher_chunk: int = 25, seed: int = 0, noise_seed: int | None = None) -> None:
+        super().__init__()
+        if mode not in ("provable", "paper"):
+            raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"`threshold` is a fraction of the teachers in (0, 1], got {threshold}.")
+        if (sigma_threshold == 0) != (sigma_vote == 0) or sigma_threshold < 0 or sigma_vote < 0:
+            raise ValueError("`sigma_threshold` and `sigma_vote` must both be > 0 (private) or both 0 (noise-free).")
+        if target_epsilon is not None and not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+            raise ValueError(f"`target_epsilon` must be > 0 and finite, got {target_epsilon}.")
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+        self.save_hyperparameters()
+        if mode == "paper":
+            warnings.warn(DP_GPL_PAPER_WARNING, UserWarning, stacklevel=2)
+        self.privacy_ledger = PrivacyLedger()
+        self.noise_source = KeyedStream("dp-gpl/votes", seed=noise_seed, _warn=noise_seed is not None)
+        self.student: PromptedModel | None = None
+        self.answers: Answers | None = None
+        self.paper_claim: dict[str, Any] = {}
+        self.view = "public"
+        self.val_acc, self.test_acc = MulticlassAccuracy(2), MulticlassAccuracy(2)  # resized in setup
+
+    # --- Φ and the student ------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.student is not None:
+            return
+        dm = self.trainer.datamodule
+        if not isinstance(dm, PromptDataModule):
+            raise TypeError(f"DPGPLModule needs a PromptDataModule, got {type(dm).__name__}.")
+        dm.setup(stage)
+        hp = self.hparams
+        x_pub, ei_pub = dm.public_graph()
+        encoder = GraphEncoder(dm.num_features, hp.hidden_dim, num_layers=dm.hops, conv=hp.conv)
+        self.encoder = pretrain(encoder, x_pub, ei_pub, method=hp.pretraining, epochs=hp.pretrain_epochs, lr=hp.pretrain_lr, seed=hp.seed)
+        self.tuning = TuningConfig(hp.prompt, hp.teacher_epochs, hp.teacher_lr, hp.num_basis)
+        torch.manual_seed(hp.seed)
+        self.student = PromptedModel(self.encoder, dm.num_classes, self.tuning)
+        self.val_acc, self.test_acc = MulticlassAccuracy(dm.num_classes, average="micro"), MulticlassAccuracy(dm.num_classes, average="micro")
+        self.view = dm.view
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.student.trainable(), lr=self.hparams.lr)
+
+    # --- the private part: teachers, votes, Confident-GNMax, the ledger ---------------------------------
+    @property
+    def sigmas(self) -> tuple[float, float]:
+        hp, dm = self.hparams, self.trainer.datamodule
+        if hp.target_epsilon is None:
+            return float(hp.sigma_threshold), float(hp.sigma_vote)
+        from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
+
+        s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, dm.num_queries))
+        return s, s
+
+    def vote(self, dm: PromptDataModule) -> torch.Tensor:
+        """Votes [N, Q] of N teachers, each tuned on its own group only (Alg. 2, steps 2-3)."""
+        examples, labels, teacher = dm.teacher_examples()
+        return train_teachers_and_vote(self.encoder, dm.data.x, examples, labels, teacher, dm.query_examples(),
+                                       num_teachers=dm.num_teachers, num_classes=dm.num_classes, cfg=self.tuning,
+                                       chunk=int(self.hparams.teacher_chunk), seed=int(self.hparams.seed))
+
+    def on_fit_start(self) -> None:
+        dm = self.trainer.datamodule
+        if self.answers is None:  # the queries are answered once per model: a second fit never re-queries
+            counts = vote_histogram(self.vote(dm), dm.num_classes)
+            s1, s2 = self.sigmas
+            if s1 == 0:
+                q = counts.shape[0]
+                self.answers = Answers(torch.ones(q, dtype=torch.bool), counts.argmax(1))
+            else:
+                T = self.hparams.threshold * dm.num_teachers
+                self.answers = confident_gnmax(counts, threshold=T, sigma_threshold=s1, sigma_vote=s2, stream=self.noise_source)
+                for event in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=counts.shape[0]):
+                    self.privacy_ledger.charge(event)
+                if self.hparams.mode == "paper":
+                    self._paper_claim(counts, T, s1, s2)
+        dm.set_answers(self.answers.answered, self.answers.labels)
+
+    def _paper_claim(self, counts: torch.Tensor, T: float, s1: float, s2: float) -> None:
+        from lightning_dprel.accounting.analysis.pate import epsilon_from_rdp, pate_data_dependent_rdp
+        from lightning_dprel.accounting.orders import DEFAULT_ORDERS
+
+        rdp = pate_data_dependent_rdp(counts.numpy(), T, s1, s2, DEFAULT_ORDERS, answered=self.answers.answered.numpy())
+        eps = epsilon_from_rdp(rdp, DEFAULT_ORDERS, self.hparams.delta)
+        self.paper_claim = {"data_dependent_epsilon": float(eps), "warning": DP_GPL_PAPER_WARNING}
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """The provable ε of the released student: the ledger's, ∞ without noise or with ``view="full"``."""
+        if self.answers is None or self.view == "full" or not self.privacy_ledger.segments:
+            return math.inf
+        return float(self.privacy_ledger.epsilon(self.hparams.delta if delta is None else delta))
+
+    # --- the student (public queries and released labels only: post-processing) ------------------------
+    def training_step(self, batch, batch_idx: int):
+        examples, labels = batch
+        if examples.size == 0:
+            return None
+        loss = F.cross_entropy(self.student(self.trainer.datamodule.data.x, examples), labels)
+        self.log("train_loss", loss, batch_size=examples.size, prog_bar=True)
+        return loss
+
+    def _accuracy(self, batch, metric, name: str) -> None:
+        examples, labels = batch
+        metric.update(self.student(self.trainer.datamodule.data.x, examples).argmax(-1), labels)
+        self.log(name, metric, on_epoch=True, batch_size=examples.size)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._accuracy(batch, self.val_acc, "val_acc")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._accuracy(batch, self.test_acc, "test_acc")
+
+    def privacy_claims(self) -> dict[str, Any]:
+        return {"mode": "paper", **self.paper_claim} if self.paper_claim else {}
+
+    def privacy_report(self) -> dict[str, Any]:
+        """privacy.json: the provable ε, the unit, what was released (answered labels), and any published claim."""
+        s1, s2 = self.sigmas
+        eps = self.epsilon()
+        return {"epsilon": eps if math.isfinite(eps) else "inf", "delta": self.hparams.delta,
+                "privacy_unit": str(PromptDataModule.privacy_unit), "mechanism": "Confident-GNMax, data-independent",
+                "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
+                "answered": self.answers.num_answered if self.answers is not None else 0,
+                "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
+                **({"published_claim": self.privacy_claims()} if self.paper_claim else {})}
