@@ -56,7 +56,9 @@ def format_report(
     table = ([(rows[0], base)] if base is not None else []) + [(rows[1], tuned)]
     for name, m in table:
         lines.append(f"{name:<28}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k, _ in metrics))
-    if privacy:
+    if privacy and "text" in privacy:
+        lines.append(f"privacy: {privacy['text']}")
+    elif privacy:
         lines.append(
             "privacy: epsilon = {epsilon:.4f} (delta = {delta:.3g}, target {target}), steps = {steps}, "
             "sigma = {sigma:.4g}, accounting: {accounting}".format(**privacy)
@@ -245,7 +247,8 @@ class DPRelCLI(LightningCLI):
                     "accounting": ACCOUNTING_LABELS.get(cb.mechanism, cb.mechanism),
                     "mechanism": cb.mechanism,
                 }
-        return None
+        summary = getattr(self.model, "privacy_summary", None)  # releases that are not optimizer steps (PATE votes)
+        return summary() if callable(summary) else None
 
 
 def main(args: list[str] | None = None) -> Any:

@@ -175,7 +175,14 @@ def export_main(argv: Sequence[str] | None = None) -> Path:
     import lightning_dprel.methods.relational.module  # noqa: F401 - the private modules a checkpoint may name
     import lightning_dprel.methods.dp_gcn.module  # noqa: F401
     from lightning_dprel.core.private_module import PrivateModule
+    from lightning_dprel.methods.dp_gpl.module import DPGPLModule
 
+    import torch
+
+    if "dims" in (torch.load(args.ckpt_path, map_location="cpu", weights_only=False).get("lightning_dprel") or {}):
+        out = DPGPLModule.load_from_checkpoint(args.ckpt_path, map_location="cpu").export(args.out)  # PATE: the student only
+        print(f"exported {args.ckpt_path} to {out}: epsilon = {json.loads((out / 'privacy.json').read_text())['epsilon']}", flush=True)
+        return out
     module = PrivateModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
     out = export_model(module, args.out, delta=args.delta)
     report = json.loads((out / "privacy.json").read_text())

@@ -21,7 +21,7 @@ from lightning_dprel.core.clipping import standard_clip
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, SyntheticNodes
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
 from lightning_dprel.methods.dp_gcn.gnn import GNNClassifier
-from lightning_dprel.methods.dp_gcn.graph_splits import keyed_split, split_edges
+from lightning_dprel.datamodules.graph_splits import keyed_split, split_edges
 from lightning_dprel.methods.dp_gcn.module import DPNodeModule
 from lightning_dprel.core.randomness import KeyedStream
 

@@ -13,7 +13,7 @@ import lightning_dprel.transforms as transforms
 from lightning_dprel.datamodules.datasets import nodes
 from lightning_dprel.datamodules.datasets.nodes import stable_node_ids, InMemoryNodes, SyntheticNodes, WordNetNodes, public_masks
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
-from lightning_dprel.methods.dp_gcn.graph_splits import keyed_split
+from lightning_dprel.datamodules.graph_splits import keyed_split
 from lightning_dprel.core.randomness import KeyedStream
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*public seed makes this randomness reproducible:UserWarning")

@@ -15,6 +15,17 @@ from lightning_dprel.audit.bounds import (
     two_run_audit,
 )
 from lightning_dprel.audit.canaries import CanaryGraph, canary_graph, secret_coins
+from lightning_dprel.audit.lira import (
+    DPCheck,
+    RocSummary,
+    TprCheck,
+    dp_tpr_check,
+    lira_scores,
+    logit_confidence,
+    logit_confidence_from_logits,
+    roc_summary,
+)
+from lightning_dprel.audit.pate import PateAudit, audit_confident_gnmax, neighbouring_histograms
 from lightning_dprel.audit.runner import AuditRecord, audit_setting, proven_epsilons
 from lightning_dprel.audit.whitebox import CanaryGrads, WhiteBoxSetting, canary_scores
 
@@ -35,4 +46,15 @@ __all__ = [
     "proven_epsilons",
     "secret_coins",
     "two_run_audit",
+    "DPCheck",
+    "PateAudit",
+    "RocSummary",
+    "TprCheck",
+    "audit_confident_gnmax",
+    "dp_tpr_check",
+    "lira_scores",
+    "logit_confidence",
+    "logit_confidence_from_logits",
+    "neighbouring_histograms",
+    "roc_summary",
 ]

@@ -15,6 +15,8 @@ _LAZY = {
     "PyGSource": "lightning_dprel.datamodules.datasets.base",
     "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
     "NodeSplitDataModule": "lightning_dprel.methods.dp_gcn.datamodule",
+    "SkipGramDataModule": "lightning_dprel.methods.advsgm.datamodule",
+    "PromptDataModule": "lightning_dprel.methods.dp_gpl.datamodule",
 }
 
 __all__ = list(_LAZY)

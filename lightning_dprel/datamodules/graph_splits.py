@@ -1,4 +1,4 @@
-"""Random graph splits for DP-GCN (Igamberdiev & Habernal 2022, Section 4): training nodes → s disjoint subgraphs.
+"""Keyed node partitions (DP-GCN's random graph splits, Igamberdiev & Habernal 2022, Sec. 4; DP-GPL's teacher groups).
 
 Provable: :func:`keyed_split` gives node v the split ⌊s·u(id_v)⌋, u a 53-bit uniform that is a keyed PRF of v's
 **stable id** (AES-256 of the id under a key derived from the secret stream): u depends only on the key and the id —

@@ -8,6 +8,7 @@ from lightning_dprel.accounting.analysis.coupled_rdp import (
     mixture_log_weights,
 )
 from lightning_dprel.accounting.analysis.sampled_gaussian import eq3_rdp, log_a, log_a_orders
+from lightning_dprel.accounting.analysis import pate  # noqa: F401  (PATE 2018 / Confident-GNMax kernels)
 
 __all__ = [
     "BinomialPlan",

@@ -11,7 +11,7 @@ from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec
 
 __all__ = ["SUBGRAPH_PRIVACY_UNIT", "GCN_PAPER_WARNING"]
 
-#: DP-GCN's unit: node-level add/remove, each node inside exactly one subgraph example (lightning_dprel/methods/dp_gcn/graph_splits.py).
+#: DP-GCN's unit: node-level add/remove, each node inside exactly one subgraph example (lightning_dprel/datamodules/graph_splits.py).
 SUBGRAPH_PRIVACY_UNIT = NODE_IN_SUBGRAPH.description
 GCN_PAPER_WARNING = (
     "DP-GCN paper-faithful accounting: the moments-accountant reading of Igamberdiev & Habernal (2022) treats each "

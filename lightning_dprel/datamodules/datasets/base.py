@@ -12,7 +12,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce
 
-from lightning_dprel.methods.dp_gcn.graph_splits import public_id_uniforms
+from lightning_dprel.datamodules.graph_splits import public_id_uniforms
 
 __all__ = ["GraphPair", "GraphSource", "PyGSource"]
 

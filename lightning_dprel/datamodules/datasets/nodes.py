@@ -22,7 +22,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, WORDNET_NOUNS, parse_wordnet_nouns
-from lightning_dprel.methods.dp_gcn.graph_splits import check_node_ids, public_id_uniforms
+from lightning_dprel.datamodules.graph_splits import check_node_ids, public_id_uniforms
 
 __all__ = ["NodeSource", "WordNetNodes", "SyntheticNodes", "InMemoryNodes", "public_masks", "public_subset", "stable_node_ids",
            "WORDNET_NOUNS"]

@@ -1,7 +1,7 @@
 """Node classification with random graph splits (DP-GCN, Igamberdiev & Habernal 2022): graph → subgraph examples.
 
 Provable mode (default): the training nodes are split into s subgraphs by a secret keyed hash of each node's stable
-id ``data.node_id``, not its row number (:func:`~lightning_dprel.methods.dp_gcn.graph_splits.keyed_split`, data-independent), edges
+id ``data.node_id``, not its row number (:func:`~lightning_dprel.datamodules.graph_splits.keyed_split`, data-independent), edges
 between subgraphs are masked, and each step keeps each subgraph independently with probability q (Poisson sampling,
 secret keyed stream). A node with its edges lies in one subgraph, so removing it changes one example: the
 accountant's ``subgraph_replace`` mechanism.
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch, SubgraphBatch
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
-from lightning_dprel.methods.dp_gcn.graph_splits import equal_random_split, keyed_split, split_edges
+from lightning_dprel.datamodules.graph_splits import equal_random_split, keyed_split, split_edges
 from lightning_dprel.core.datamodule import PrivateDataModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec

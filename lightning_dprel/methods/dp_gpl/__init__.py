@@ -2,6 +2,7 @@
 
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, pate_releases, vote_histogram
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
+from lightning_dprel.methods.dp_gpl.dpsgd import DPPromptTuning, PrivateNodeExamples, dpsgd_baseline_accuracy
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch, EgoNets
 from lightning_dprel.methods.dp_gpl.module import DP_GPL_PAPER_WARNING, DPGPLModule
 from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
@@ -10,4 +11,5 @@ from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig, t
 
 __all__ = ["Answers", "confident_gnmax", "pate_releases", "vote_histogram", "PromptDataModule", "EgoBatch", "EgoNets",
            "DPGPLModule", "DP_GPL_PAPER_WARNING", "GraphEncoder", "pretrain", "GPF", "GPFPlus", "AnswerHead", "build_prompt",
-           "PromptedModel", "TuningConfig", "train_teachers_and_vote", "tune_prompts"]
+           "PromptedModel", "TuningConfig", "train_teachers_and_vote", "tune_prompts", "DPPromptTuning", "PrivateNodeExamples",
+           "dpsgd_baseline_accuracy"]

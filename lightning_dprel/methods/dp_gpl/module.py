@@ -10,8 +10,10 @@ released as the run's ε. ``view="full"`` (the datamodule's paper-faithful view)
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from pytorch_lightning import LightningModule
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, pate_releases, vote_histogram
@@ -49,6 +52,10 @@ class DPGPLModule(LightningModule):
         noise_seed: None (secret keyed noise); an int makes the votes' noise reproducible (voids the guarantee).
     """
 
+    report_metrics = (("test_acc", "accuracy"),)
+    report_title = "Node classification by the released student prompt on"
+    report_rows = ("untuned prompt", "student")
+
     def __init__(self, *, hidden_dim: int = 128, conv: str = "gcn", pretraining: str = "dgi", pretrain_epochs: int = 100,
                  pretrain_lr: float = 1e-3, prompt: str = "gpf_plus", num_basis: int = 5, teacher_epochs: int = 100,
                  teacher_lr: float = 0.05, lr: float = 0.01, threshold: float = 0.3, sigma_threshold: float = 40.0,
@@ -74,9 +81,19 @@ class DPGPLModule(LightningModule):
         self.answers: Answers | None = None
         self.paper_claim: dict[str, Any] = {}
         self.view = "public"
+        self.dims: dict[str, int] | None = None
         self.val_acc, self.test_acc = MulticlassAccuracy(2), MulticlassAccuracy(2)  # resized in setup
 
     # --- Φ and the student ------------------------------------------------------------------------------
+    def _build(self, num_features: int, num_classes: int, hops: int) -> None:
+        hp = self.hparams
+        self.dims = {"num_features": int(num_features), "num_classes": int(num_classes), "hops": int(hops)}
+        self.encoder = GraphEncoder(num_features, hp.hidden_dim, num_layers=hops, conv=hp.conv)
+        self.tuning = TuningConfig(hp.prompt, hp.teacher_epochs, hp.teacher_lr, hp.num_basis)
+        torch.manual_seed(hp.seed)
+        self.student = PromptedModel(self.encoder, num_classes, self.tuning)
+        self.val_acc, self.test_acc = MulticlassAccuracy(num_classes, average="micro"), MulticlassAccuracy(num_classes, average="micro")
+
     def setup(self, stage: str | None = None) -> None:
         if self.student is not None:
             return
@@ -85,14 +102,40 @@ class DPGPLModule(LightningModule):
             raise TypeError(f"DPGPLModule needs a PromptDataModule, got {type(dm).__name__}.")
         dm.setup(stage)
         hp = self.hparams
-        x_pub, ei_pub = dm.public_graph()
-        encoder = GraphEncoder(dm.num_features, hp.hidden_dim, num_layers=dm.hops, conv=hp.conv)
-        self.encoder = pretrain(encoder, x_pub, ei_pub, method=hp.pretraining, epochs=hp.pretrain_epochs, lr=hp.pretrain_lr, seed=hp.seed)
-        self.tuning = TuningConfig(hp.prompt, hp.teacher_epochs, hp.teacher_lr, hp.num_basis)
-        torch.manual_seed(hp.seed)
-        self.student = PromptedModel(self.encoder, dm.num_classes, self.tuning)
-        self.val_acc, self.test_acc = MulticlassAccuracy(dm.num_classes, average="micro"), MulticlassAccuracy(dm.num_classes, average="micro")
+        self._build(dm.num_features, dm.num_classes, dm.hops)
+        pretrain(self.encoder, *dm.public_graph(), method=hp.pretraining, epochs=hp.pretrain_epochs, lr=hp.pretrain_lr, seed=hp.seed)
         self.view = dm.view
+
+    # --- checkpoints and export: the student, Φ (public), the released answers and the ledger -------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        answers = None if self.answers is None else {"answered": self.answers.answered, "labels": self.answers.labels}
+        checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict(), "answers": answers, "dims": self.dims,
+                                         "view": self.view, "paper_claim": self.paper_claim}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["lightning_dprel"]
+        self._build(**state["dims"])
+        self.privacy_ledger.load_state_dict(state["ledger"])
+        if state["answers"] is not None:
+            self.answers = Answers(state["answers"]["answered"], state["answers"]["labels"])
+        self.view, self.paper_claim = state["view"], state["paper_claim"]
+
+    def export(self, folder: str | Path) -> Path:
+        """Write what is released: the student prompt and head with Φ (``weights.safetensors``), ``model.json``,
+        ``privacy.json`` (:meth:`privacy_report`) and ``ledger.json``; no teacher, vote or key leaves the run."""
+        from safetensors.torch import save_file
+
+        if self.student is None or self.answers is None:
+            raise RuntimeError("Nothing to export: fit the module first (its student is what DP-GPL releases).")
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.student.state_dict().items()}
+        save_file(weights, str(out / "weights.safetensors"), metadata={"format": "pt"})
+        meta = {"class_path": f"{type(self).__module__}.{type(self).__name__}", "hparams": dict(self.hparams), **self.dims}
+        (out / "model.json").write_text(json.dumps(meta, indent=2, default=str))
+        (out / "privacy.json").write_text(json.dumps(self.privacy_report(), indent=2, default=str))
+        (out / "ledger.json").write_text(json.dumps(self.privacy_ledger.state_dict(), indent=2))
+        return out
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.student.trainable(), lr=self.hparams.lr)
@@ -100,12 +143,11 @@ class DPGPLModule(LightningModule):
     # --- the private part: teachers, votes, Confident-GNMax, the ledger ---------------------------------
     @property
     def sigmas(self) -> tuple[float, float]:
-        hp, dm = self.hparams, self.trainer.datamodule
+        hp = self.hparams
         if hp.target_epsilon is None:
             return float(hp.sigma_threshold), float(hp.sigma_vote)
-        from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
-
-        s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, dm.num_queries))
+        queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_queries
+        s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, int(queries)))
         return s, s
 
     def vote(self, dm: PromptDataModule) -> torch.Tensor:
@@ -178,4 +220,19 @@ class DPGPLModule(LightningModule):
                 "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
                 "answered": self.answers.num_answered if self.answers is not None else 0,
                 "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
+                "public_data": "Φ pre-trained on G_pub (public nodes by a public hash of their ids, edges among them, no "
+                               "labels); queries, student, validation and test on G_pub; private labels reach the "
+                               "student only through the answered noisy votes",
                 **({"published_claim": self.privacy_claims()} if self.paper_claim else {})}
+
+    def privacy_summary(self) -> dict[str, Any] | None:
+        """The CLI's privacy line: ε of the answered queries (or why none holds)."""
+        if self.answers is None:
+            return None
+        r, eps = self.privacy_report(), self.epsilon()
+        if math.isinf(eps):
+            why = "full-graph view: one node reaches many teachers" if self.view == "full" else "noise-free votes"
+            return {"text": f"epsilon = inf ({why}); {r['answered']} of {r['queries']} queries answered"}
+        return {"text": f"epsilon = {eps:.4f} (delta = {self.hparams.delta:.3g}, unit: labelled node), {r['queries']} queries "
+                        f"({r['answered']} answered), sigma_threshold = {r['sigma_threshold']:.4g}, sigma_vote = "
+                        f"{r['sigma_vote']:.4g}, accounting: Confident-GNMax, data-independent"}

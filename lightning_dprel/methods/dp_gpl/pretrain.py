@@ -62,7 +62,6 @@ def pretrain(encoder: GraphEncoder, x: Tensor, edge_index: Tensor, *, method: st
                 loss = model.recon_loss(z, edge_index, neg) if neg is not None else z.pow(2).mean()
             loss.backward()
             opt.step()
-    encoder.eval()
-    for p in encoder.parameters():
+    for p in encoder.parameters():  # Φ has no mode-dependent layer (no dropout or norm): freezing is requires_grad alone
         p.requires_grad_(False)
     return encoder
