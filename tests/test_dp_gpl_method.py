@@ -101,6 +101,7 @@ def test_confident_gnmax_answers_only_above_the_noisy_threshold():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(threshold=1.5), "threshold"), (dict(sigma_threshold=0.0, sigma_vote=3.0), "both"),
     (dict(target_epsilon=-1.0), "target_epsilon"), (dict(mode="exact"), "mode"), (dict(delta=2.0), "delta"),
+    (dict(answer_budget=0), "answer_budget"), (dict(sigma_ratio=0.0), "sigma_ratio"),
 ])
 def test_bad_module_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -141,3 +142,24 @@ def test_checkpoint_keeps_the_answers_and_export_writes_only_the_student(tmp_pat
     assert any(k.startswith("prompt.") for k in weights) and all(v.shape[0] == 1 for k, v in weights.items() if k.startswith(("prompt.", "head.")))
     with pytest.raises(RuntimeError, match="fit the module first"):
         DPGPLModule().export(tmp_path / "nothing")
+
+
+def test_answer_budget_charges_its_slots_and_never_answers_more():
+    from lightning_dprel.core.ledger import PrivacyLedger
+    from lightning_dprel.methods.dp_gpl import pate_releases
+
+    dm, module = _dm(), DPGPLModule(target_epsilon=2.0, answer_budget=5, sigma_ratio=2.0, threshold=0.2, **SMALL)
+    _fit(module, dm, epochs=2)
+    s1, s2 = module.sigmas
+    assert s1 == pytest.approx(2.0 * s2) and module.answers.num_answered <= 5
+    assert module.epsilon() == pytest.approx(2.0, rel=1e-6)
+    by_hand = PrivacyLedger()
+    for event in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=30, answer_slots=5):
+        by_hand.charge(event)
+    assert by_hand.epsilon(1e-5) == pytest.approx(2.0, rel=1e-6)
+    everything = DPGPLModule(target_epsilon=2.0, **SMALL)
+    _fit(everything, _dm(), epochs=1)
+    assert s2 < everything.sigmas[1]  # fewer vote releases: less noise on each answer at the same ε
+    counts = torch.tensor([[100.0, 0.0]] * 10)
+    a = confident_gnmax(counts, threshold=10, sigma_threshold=1.0, sigma_vote=1.0, stream=KeyedStream.seeded(1, "t", warn=False), max_answers=3)
+    assert a.answered.tolist() == [True] * 3 + [False] * 7

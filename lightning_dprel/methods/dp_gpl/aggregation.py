@@ -44,8 +44,9 @@ class Answers:
 
 
 def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float, sigma_vote: float,
-                    stream: KeyedStream) -> Answers:
-    """Confident-GNMax on vote counts [Q, C] (Papernot et al. 2018, Alg. 1), noise from ``stream`` (never replayed)."""
+                    stream: KeyedStream, max_answers: int | None = None) -> Answers:
+    """Confident-GNMax on vote counts [Q, C] (Papernot et al. 2018, Alg. 1), noise from ``stream`` (never replayed);
+    with ``max_answers`` = A, queries are taken in order and answering stops after A answers (the budget filter)."""
     if counts.dim() != 2 or counts.shape[1] < 2:
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
     if not (sigma_threshold > 0 and sigma_vote > 0):
@@ -56,13 +57,22 @@ def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float,
     counts = counts.to(torch.float64)
     gate = counts.max(dim=1).values + stream.normal(q, float(sigma_threshold), dtype=torch.float64)
     answered = gate >= float(threshold)
+    if max_answers is not None:
+        answered &= answered.cumsum(0) <= int(max_answers)
     noisy = counts + stream.normal(q * c, float(sigma_vote), dtype=torch.float64).view(q, c)
     labels = torch.where(answered, noisy.argmax(dim=1), torch.full((q,), -1, dtype=torch.long))
     return Answers(answered, labels)
 
 
-def pate_releases(*, sigma_threshold: float, sigma_vote: float, queries: int, unit: str = "labelled_node") -> tuple[GaussianRelease, ...]:
+def pate_releases(*, sigma_threshold: float, sigma_vote: float, queries: int, answer_slots: int | None = None,
+                  unit: str = "labelled_node") -> tuple[GaussianRelease, ...]:
     """The data-independent charge of ``queries`` Confident-GNMax queries: Gaussian releases of sensitivity C = 1
-    (the max count, σ₁) and C = √2 (the histogram, σ₂ → multiplier σ₂/√2), every query charged for both."""
+    (the max count, σ₁) on every query and C = √2 (the histogram, σ₂ → multiplier σ₂/√2) on every answer slot: all
+    ``queries`` by default; ``answer_slots`` = A fixed before the run when answering stops after A answers. A filter over
+    Gaussian mechanisms, whose costs α·ρ are fixed in advance and sum to at most ρ_B, is ρ_B-zCDP (Feldman & Zrnic 2021,
+    RDP filter at every order), so the A slots are charged whether or not they are used."""
+    slots = int(queries) if answer_slots is None else min(int(answer_slots), int(queries))
+    if slots < 1:
+        raise ValueError(f"`answer_slots` must be >= 1, got {answer_slots}.")
     return (GaussianRelease(float(sigma_threshold), unit, int(queries)),
-            GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, int(queries)))
+            GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, slots))

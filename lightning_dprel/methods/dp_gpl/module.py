@@ -2,7 +2,8 @@
 public queries (each query charged to the ledger), and the released student prompt tuned on the answered queries only.
 
 Modes (the spec's "provable variant" is the default): ``mode="provable"`` charges every query α/(2σ₁²) + α/σ₂², which
-holds for ``view="public"`` (one node reaches one teacher). ``mode="paper"`` also computes the published data-dependent
+holds for ``view="public"`` (one node reaches one teacher); with ``answer_budget`` = A (fixed beforehand) answering stops
+after A answers and the ledger charges Q threshold releases and A vote releases (a filter: Feldman & Zrnic 2021). ``mode="paper"`` also computes the published data-dependent
 ε (PATE 2018 analysis), which is itself a function of the private votes: it is kept apart and warned about, never
 released as the run's ε. ``view="full"`` (the datamodule's paper-faithful view) voids the bound: ε = ∞. ``sigma=0``
 (``sigma_threshold = sigma_vote = 0``) is the noise-free ensemble (clean argmax on every query, ε = ∞).
@@ -46,7 +47,10 @@ class DPGPLModule(LightningModule):
         prompt, num_basis, teacher_epochs, teacher_lr, lr: prompt kind; teachers' tuning; the student's Adam lr.
         threshold: T as a fraction of the N teachers (Confident-GNMax answers iff noisy max count ≥ T·N).
         sigma_threshold, sigma_vote: σ₁, σ₂ (both 0: the noise-free ensemble); ignored when ``target_epsilon`` is set.
-        target_epsilon: calibrate σ₁ = σ₂ = σ so that Q queries cost exactly this ε at ``delta`` (data-independent).
+        target_epsilon: calibrate σ so that Q queries cost exactly this ε at ``delta`` (data-independent): σ₁ = σ₂ by
+            default; with ``answer_budget`` = A, σ₁ = ``sigma_ratio``·σ₂ and ρ = Q/(2σ₁²) + A/σ₂².
+        answer_budget: A, fixed before the run: queries are taken in order and answering stops after A answers, so only
+            A vote releases are charged (a filter, Feldman & Zrnic 2021); None charges a vote on every query.
         mode: ``"provable"`` or ``"paper"`` (adds the published data-dependent ε, warned, under ``published_claim``).
         teacher_chunk: teachers tuned together in one batch.
         noise_seed: None (secret keyed noise); an int makes the votes' noise reproducible (voids the guarantee).
@@ -60,7 +64,8 @@ class DPGPLModule(LightningModule):
                  pretrain_lr: float = 1e-3, prompt: str = "gpf_plus", num_basis: int = 5, teacher_epochs: int = 100,
                  teacher_lr: float = 0.05, lr: float = 0.01, threshold: float = 0.3, sigma_threshold: float = 40.0,
                  sigma_vote: float = 40.0, target_epsilon: float | None = None, delta: float = 1e-5, mode: str = "provable",
-                 teacher_chunk: int = 25, seed: int = 0, noise_seed: int | None = None) -> None:
+                 answer_budget: int | None = None, sigma_ratio: float = 1.0, teacher_chunk: int = 25, seed: int = 0,
+                 noise_seed: int | None = None) -> None:
         super().__init__()
         if mode not in ("provable", "paper"):
             raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
@@ -72,6 +77,10 @@ class DPGPLModule(LightningModule):
             raise ValueError(f"`target_epsilon` must be > 0 and finite, got {target_epsilon}.")
         if not 0.0 < delta < 1.0:
             raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+        if answer_budget is not None and (isinstance(answer_budget, bool) or not isinstance(answer_budget, int) or answer_budget < 1):
+            raise ValueError(f"`answer_budget` must be None or an int >= 1, got {answer_budget!r}.")
+        if not sigma_ratio > 0:
+            raise ValueError(f"`sigma_ratio` (σ₁/σ₂) must be > 0, got {sigma_ratio}.")
         self.save_hyperparameters()
         if mode == "paper":
             warnings.warn(DP_GPL_PAPER_WARNING, UserWarning, stacklevel=2)
@@ -147,8 +156,13 @@ class DPGPLModule(LightningModule):
         if hp.target_epsilon is None:
             return float(hp.sigma_threshold), float(hp.sigma_vote)
         queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_queries
-        s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, int(queries)))
-        return s, s
+        if hp.answer_budget is None or hp.answer_budget >= queries:
+            s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, int(queries)))
+            return s, s
+        rho = 1.5 / float(sigma_for_epsilon(hp.target_epsilon, hp.delta, 1)) ** 2  # one query: α(1/2σ² + 1/σ²) = 1.5α/σ²
+        r = float(hp.sigma_ratio)
+        s2 = math.sqrt((queries / (2.0 * r * r) + hp.answer_budget) / rho)
+        return r * s2, s2
 
     def vote(self, dm: PromptDataModule) -> torch.Tensor:
         """Votes [N, Q] of N teachers, each tuned on its own group only (Alg. 2, steps 2-3)."""
@@ -167,8 +181,10 @@ class DPGPLModule(LightningModule):
                 self.answers = Answers(torch.ones(q, dtype=torch.bool), counts.argmax(1))
             else:
                 T = self.hparams.threshold * dm.num_teachers
-                self.answers = confident_gnmax(counts, threshold=T, sigma_threshold=s1, sigma_vote=s2, stream=self.noise_source)
-                for event in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=counts.shape[0]):
+                budget = self.hparams.answer_budget
+                self.answers = confident_gnmax(counts, threshold=T, sigma_threshold=s1, sigma_vote=s2, stream=self.noise_source,
+                                               max_answers=budget)
+                for event in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=counts.shape[0], answer_slots=budget):
                     self.privacy_ledger.charge(event)
                 if self.hparams.mode == "paper":
                     self._paper_claim(counts, T, s1, s2)
@@ -220,6 +236,7 @@ class DPGPLModule(LightningModule):
                 "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
                 "answered": self.answers.num_answered if self.answers is not None else 0,
                 "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
+                "answer_budget": self.hparams.answer_budget,
                 "public_data": "Φ pre-trained on G_pub (public nodes by a public hash of their ids, edges among them, no "
                                "labels); queries, student, validation and test on G_pub; private labels reach the "
                                "student only through the answered noisy votes",
