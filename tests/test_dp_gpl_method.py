@@ -16,16 +16,8 @@ from lightning_dprel.methods.dp_gpl import (
 )
 from lightning_dprel.core.randomness import KeyedStream
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_thread")]
 SMALL = dict(hidden_dim=16, pretrain_epochs=5, teacher_epochs=15, noise_seed=None)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _dm(view: str = "public") -> PromptDataModule:

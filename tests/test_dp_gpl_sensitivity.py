@@ -11,18 +11,10 @@ from lightning_dprel.datamodules.datasets import SyntheticNodes
 from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
 from lightning_dprel.methods.dp_gpl import GraphEncoder, PromptDataModule, TuningConfig, pretrain, train_teachers_and_vote
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*public seed.*:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*public seed.*:UserWarning"), pytest.mark.usefixtures("one_thread")]
 
 TEACHERS, QUERIES = 6, 12
 CFG = TuningConfig("gpf_plus", epochs=15, lr=0.05)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _without(data: Data, v: int) -> Data:

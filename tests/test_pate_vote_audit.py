@@ -14,14 +14,7 @@ from lightning_dprel.methods.dp_gpl.aggregation import pate_releases
 
 N, C, T, TRIALS = 250, 26, 120, 200_000
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The audit is many small tensor ops: on a busy 2-core box, intra-op threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _audit(sigma: float, seed: int = 0):

@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 from pytorch_lightning import LightningDataModule
 
 from lightning_dprel.core.randomness import SEEDED_WARNING
 from lightning_dprel.core.specs import privacy_unit
 
-__all__ = ["PrivateDataModule"]
+__all__ = ["PrivateDataModule", "StepStream", "SteppedDataModule"]
 
 T = TypeVar("T")
 
@@ -64,3 +65,29 @@ class PrivateDataModule(LightningDataModule):
                 f"{type(self).__name__}: the saved state has format version {found!r}, this datamodule reads version "
                 f"{self.state_version}; resume from a checkpoint of this version or start the sampling afresh."
             )
+
+
+class StepStream(IterableDataset):
+    """An epoch of a private datamodule's sampled steps: ``steps_per_epoch`` calls of its ``next_batch()`` (exact ``len``)."""
+
+    def __init__(self, dm: Any) -> None:
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.sampling_spec.steps_per_epoch
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            yield self.dm.next_batch()
+
+
+class SteppedDataModule(PrivateDataModule):
+    """A private datamodule that draws step ``self._step``'s sample from the keyed ``self.stream``; its state resumes both."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.versioned({"step": self._step, "stream": self.stream.state_dict()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_version(state)
+        self._step = int(state["step"])
+        self.stream.load_state_dict(state["stream"])

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch, SubgraphBatch
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
 from lightning_dprel.datamodules.graph_splits import equal_random_split, keyed_split, split_edges
-from lightning_dprel.core.datamodule import PrivateDataModule
+from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec
 
@@ -38,19 +37,7 @@ __all__ = ["NodeSplitDataModule", "MODES"]
 MODES = ("provable", "paper_faithful")
 
 
-class _Steps(IterableDataset):
-    def __init__(self, dm: "NodeSplitDataModule") -> None:
-        self.dm = dm
-
-    def __len__(self) -> int:
-        return self.dm.sampling_spec.steps_per_epoch
-
-    def __iter__(self) -> Iterator[SubgraphBatch]:
-        for _ in range(len(self)):
-            yield self.dm.next_batch()
-
-
-class NodeSplitDataModule(PrivateDataModule):
+class NodeSplitDataModule(SteppedDataModule):
     """Subgraph examples of a node-classification graph for DP-GCN (privacy unit: a node in one subgraph)."""
 
     privacy_unit = NODE_IN_SUBGRAPH.name
@@ -186,7 +173,7 @@ class NodeSplitDataModule(PrivateDataModule):
 
     # --- loaders -------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Steps(self), batch_size=None)
+        return DataLoader(StepStream(self), batch_size=None)
 
     def _eval(self, mask_name: str) -> DataLoader:
         self._require()
@@ -198,11 +185,3 @@ class NodeSplitDataModule(PrivateDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval("test_mask")
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.versioned({"step": self._step, "stream": self.stream.state_dict()})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_version(state)
-        self._step = int(state["step"])
-        self.stream.load_state_dict(state["stream"])

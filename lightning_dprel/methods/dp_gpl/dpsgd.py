@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 import lightning_dprel.accounting.mechanisms  # noqa: F401  (registers labelled_node_gaussian)
-from lightning_dprel.core.datamodule import PrivateDataModule
+from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import LABELLED_NODE, SamplingSpec
@@ -45,19 +45,7 @@ class NodeExampleBatch:
     step: int = 0
 
 
-class _Steps(IterableDataset):
-    def __init__(self, dm: "PrivateNodeExamples") -> None:
-        self.dm = dm
-
-    def __len__(self) -> int:
-        return self.dm.sampling_spec.steps_per_epoch
-
-    def __iter__(self) -> Iterator[NodeExampleBatch]:
-        for _ in range(len(self)):
-            yield self.dm.next_batch()
-
-
-class PrivateNodeExamples(PrivateDataModule):
+class PrivateNodeExamples(SteppedDataModule):
     """Poisson-sampled per-node examples of a :class:`PromptDataModule`'s private labelled nodes (Abadi et al. 2016, Alg. 1).
 
     Args:
@@ -122,21 +110,13 @@ class PrivateNodeExamples(PrivateDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
-        return DataLoader(_Steps(self), batch_size=None)
+        return DataLoader(StepStream(self), batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
         return self.dm.val_dataloader()
 
     def test_dataloader(self) -> DataLoader:
         return self.dm.test_dataloader()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.versioned({"step": self._step, "stream": self.stream.state_dict()})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_version(state)
-        self._step = int(state["step"])
-        self.stream.load_state_dict(state["stream"])
 
 
 class DPPromptTuning(PrivateModule):
