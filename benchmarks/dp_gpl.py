@@ -7,7 +7,7 @@ teachers are tuned once per seed and their votes reused across ε (the votes are
 The threshold T per ε was chosen on seed 0's public validation nodes (``--develop``), never on a test node or an
 evaluation seed. Last iterate everywhere.
 
-    python benchmarks/dp_gpl.py              # WordNet nouns (10k-synset subset), 3 seeds (≈ 15 min on 2 cores)
+    python benchmarks/dp_gpl.py              # WordNet nouns (10k-synset subset), 3 seeds (≈ 6 min on 2 cores, embeddings cached)
     python benchmarks/dp_gpl.py --develop    # the threshold sweep on seed 0 (validation accuracy)
     python benchmarks/dp_gpl.py --develop-filter   # T, A and σ₁/σ₂ of the budget filter on seed 0
     python benchmarks/dp_gpl.py --quick      # 1 seed, ε ∈ {1, 4}

@@ -63,9 +63,11 @@ def test_full_graph_view_is_labelled_infinite_and_paper_mode_keeps_its_claim_apa
     with pytest.warns(UserWarning, match="data-dependent"):
         paper = DPGPLModule(sigma_threshold=5.0, sigma_vote=5.0, threshold=0.3, mode="paper", **SMALL)
     _fit(paper, _dm(), epochs=2)
-    claim = paper.privacy_report()["published_claim"]
+    claim = paper.paper_claim  # in memory only: a function of the private votes
     assert claim["data_dependent_epsilon"] <= paper.epsilon() + 1e-9  # never above the bound that holds
     assert "leaks" in claim["warning"]
+    assert str(claim["data_dependent_epsilon"]) not in str(paper.privacy_report())
+    assert "not released" in paper.privacy_report()["published_claim"]
 
 
 def test_stacked_prompts_train_each_copy_on_its_own_examples_only():
@@ -155,3 +157,11 @@ def test_answer_budget_charges_its_slots_and_never_answers_more():
     counts = torch.tensor([[100.0, 0.0]] * 10)
     a = confident_gnmax(counts, threshold=10, sigma_threshold=1.0, sigma_vote=1.0, stream=KeyedStream.seeded(1, "t", warn=False), max_answers=3)
     assert a.answered.tolist() == [True] * 3 + [False] * 7
+
+
+def test_a_second_fit_on_other_queries_is_refused():
+    module = DPGPLModule(target_epsilon=2.0, **SMALL)
+    _fit(module, _dm(), epochs=1)
+    other = PromptDataModule(SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2), num_teachers=8, num_queries=20, fanout=5)
+    with pytest.raises(ValueError, match="other queries"):
+        _fit(module, other, epochs=2)

@@ -91,6 +91,7 @@ class DPGPLModule(LightningModule):
         self.paper_claim: dict[str, Any] = {}
         self.view = "public"
         self.dims: dict[str, int] | None = None
+        self.query_ids: torch.Tensor | None = None  # stable ids of the queries the answers belong to
         self.val_acc, self.test_acc = MulticlassAccuracy(2), MulticlassAccuracy(2)  # resized in setup
 
     # --- Φ and the student ------------------------------------------------------------------------------
@@ -118,8 +119,10 @@ class DPGPLModule(LightningModule):
     # --- checkpoints and export: the student, Φ (public), the released answers and the ledger -------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         answers = None if self.answers is None else {"answered": self.answers.answered, "labels": self.answers.labels}
+        if answers is not None:
+            answers["queries"] = self.query_ids
         checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict(), "answers": answers, "dims": self.dims,
-                                         "view": self.view, "paper_claim": self.paper_claim}
+                                         "view": self.view}  # never the paper mode's data-dependent ε: it is private
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["lightning_dprel"]
@@ -127,7 +130,8 @@ class DPGPLModule(LightningModule):
         self.privacy_ledger.load_state_dict(state["ledger"])
         if state["answers"] is not None:
             self.answers = Answers(state["answers"]["answered"], state["answers"]["labels"])
-        self.view, self.paper_claim = state["view"], state["paper_claim"]
+            self.query_ids = state["answers"].get("queries")
+        self.view = state["view"]
 
     def export(self, folder: str | Path) -> Path:
         """Write what is released: the student prompt and head with Φ (``weights.safetensors``), ``model.json``,
@@ -188,6 +192,12 @@ class DPGPLModule(LightningModule):
                     self.privacy_ledger.charge(event)
                 if self.hparams.mode == "paper":
                     self._paper_claim(counts, T, s1, s2)
+        ids = dm.data.node_id[dm.queries]
+        if self.query_ids is None:
+            self.query_ids = ids
+        elif not torch.equal(self.query_ids, ids):
+            raise ValueError("This model's released answers belong to other queries than this datamodule's; a second fit "
+                             "must use the same PromptDataModule settings (its queries are answered once per model).")
         dm.set_answers(self.answers.answered, self.answers.labels)
 
     def _paper_claim(self, counts: torch.Tensor, T: float, s1: float, s2: float) -> None:
@@ -225,6 +235,7 @@ class DPGPLModule(LightningModule):
         self._accuracy(batch, self.test_acc, "test_acc")
 
     def privacy_claims(self) -> dict[str, Any]:
+        """The paper mode's data-dependent ε, in memory only (a function of the private votes: never exported)."""
         return {"mode": "paper", **self.paper_claim} if self.paper_claim else {}
 
     def privacy_report(self) -> dict[str, Any]:
@@ -240,7 +251,9 @@ class DPGPLModule(LightningModule):
                 "public_data": "Φ pre-trained on G_pub (public nodes by a public hash of their ids, edges among them, no "
                                "labels); queries, student, validation and test on G_pub; private labels reach the "
                                "student only through the answered noisy votes",
-                **({"published_claim": self.privacy_claims()} if self.paper_claim else {})}
+                **({"published_claim": "computed in paper mode and kept in memory only (module.paper_claim): the "
+                                       "data-dependent ε is a function of the private votes and is not released"}
+                   if self.paper_claim else {})}
 
     def privacy_summary(self) -> dict[str, Any] | None:
         """The CLI's privacy line: ε of the answered queries (or why none holds)."""
