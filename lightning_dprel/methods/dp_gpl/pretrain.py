@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, DeepGraphInfomax, GAE
 from torch_geometric.utils import negative_sampling
 
-__all__ = ["GraphEncoder", "pretrain", "PRETRAINING"]
+__all__ = ["GraphEncoder", "pretrain", "freeze", "PRETRAINING"]
 
 PRETRAINING = ("dgi", "edge_prediction", "none")
 
@@ -62,6 +62,11 @@ def pretrain(encoder: GraphEncoder, x: Tensor, edge_index: Tensor, *, method: st
                 loss = model.recon_loss(z, edge_index, neg) if neg is not None else z.pow(2).mean()
             loss.backward()
             opt.step()
-    for p in encoder.parameters():  # Φ has no mode-dependent layer (no dropout or norm): freezing is requires_grad alone
+    return freeze(encoder)
+
+
+def freeze(encoder: nn.Module) -> nn.Module:
+    """Φ frozen: no mode-dependent layer (no dropout or norm), so freezing is ``requires_grad`` alone."""
+    for p in encoder.parameters():
         p.requires_grad_(False)
     return encoder
