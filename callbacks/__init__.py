@@ -4,6 +4,8 @@ A project with its own top-level ``callbacks`` package shadows this one; import 
 ``lightning_dprel`` (``from lightning_dprel import PrivacyCallback``) to be safe.
 """
 
-from lightning_dprel.callbacks import ACCOUNTING_LABELS, PAPER_EQ3_WARNING, PrivacyCallback, ValidationSelection
+from lightning_dprel.callbacks import (
+    ACCOUNTING_LABELS, PAPER_EQ3_WARNING, PrivacyCallback, PublicGradientSubspace, PublicInterleave, PublicWarmStart, ValidationSelection,
+)
 
-__all__ = ["PrivacyCallback", "ValidationSelection", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
+__all__ = ["PrivacyCallback", "ValidationSelection", "PublicWarmStart", "PublicGradientSubspace", "PublicInterleave", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]

@@ -66,7 +66,8 @@ def format_report(
     else:
         lines.append("privacy: none (non-private run; no epsilon is claimed)")
     if selection:
-        chosen = "the base encoder" if selection["step"] == 0 else f"step {selection['step']}"
+        candidate = selection.get("candidate") or ("base" if selection["step"] == 0 else f"step {selection['step']}")
+        chosen = {"base": "the base encoder", "step 0": "the public warm start (step 0)"}.get(candidate, candidate)
         lines.append(
             f"checkpoint: {chosen}, chosen on the validation graph (val {selection['monitor']} {selection['score']:.4f}, "
             f"base {selection['base']:.4f}); the test graph was not used for any choice"
@@ -228,8 +229,9 @@ class DPRelCLI(LightningCLI):
         for cb in self.trainer.callbacks:
             history = getattr(cb, "history", None)
             if getattr(cb, "best_step", None) is not None and history:
-                base = next((h[cb.monitor] for h in history if h["step"] == 0), float("nan"))
-                return {"step": int(cb.best_step), "monitor": cb.monitor, "score": float(cb.best_score), "base": float(base)}
+                base = next((h[cb.monitor] for h in history if h["step"] == 0), float("nan"))  # the first: the base
+                return {"step": int(cb.best_step), "monitor": cb.monitor, "score": float(cb.best_score), "base": float(base),
+                        "candidate": getattr(cb, "best_candidate", None)}
         return None
 
     def _privacy_summary(self) -> dict[str, Any] | None:

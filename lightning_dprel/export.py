@@ -71,6 +71,7 @@ def privacy_report(module: Any, *, delta: float | None = None) -> dict[str, Any]
         "note": "the noise came from a public seed: anyone who knows it can remove it, so no epsilon holds"
         if seeded else "epsilon covers every step in ledger.json (all fits of this model)",
         **_claims(module),
+        **({"public_data": module.public_data} if getattr(module, "public_data", None) else {}),
     }
 
 

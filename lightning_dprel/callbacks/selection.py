@@ -33,7 +33,8 @@ class ValidationSelection(Callback):
 
     Attributes:
         history: ``[{"step", "prec1", "mrr"}]`` for every validation made.
-        best_step: the step of the selected candidate (0 = the base model).
+        best_step: the step of the selected candidate (0 = the base model, or the public warm start).
+        best_candidate: ``"base"`` (the untouched base model), ``"step 0"`` (after :class:`PublicWarmStart`) or ``"step N"``.
     """
 
     def __init__(
@@ -59,23 +60,30 @@ class ValidationSelection(Callback):
         self.best_score = float("-inf")
         self._best_state: dict[str, torch.Tensor] | None = None
         self._last_step = -1
+        self._warm = False
+        #: ``"base"``, ``"step 0"`` (the warm-started model) or ``"step N"``.
+        self.best_candidate: str | None = None
 
     @staticmethod
     def _trainable(pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.requires_grad}
 
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, log: bool = True) -> None:
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *, log: bool = True, candidate: str | None = None) -> None:
         step = int(trainer.global_step)
-        if step == self._last_step:
+        if candidate is None and step == self._last_step:
             return
-        self._last_step = step
+        if candidate is None:
+            self._last_step = step
         metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
         record = {"step": step, "prec1": metrics["prec1"], "mrr": metrics["mrr"]}
+        if candidate is not None:
+            record["candidate"] = candidate
         self.history.append(record)
         if log:  # Lightning allows no self.log in on_train_end
             pl_module.log(f"selection_val_{self.monitor}", record[self.monitor], batch_size=1)
         if record[self.monitor] > self.best_score:
             self.best_score, self.best_step = record[self.monitor], step
+            self.best_candidate = record.get("candidate", "base" if step == 0 and not self._warm else f"step {step}")
             self._best_state = self._trainable(pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -91,6 +99,13 @@ class ValidationSelection(Callback):
         if self.include_base and int(trainer.global_step) == 0:
             self._evaluate(trainer, pl_module)
 
+    def on_before_public_warm_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Called by :class:`~lightning_dprel.callbacks.PublicWarmStart` before it changes θ_0: the untouched base model
+        stays a candidate (``candidate="base"``); step 0 is then the warm-started model."""
+        if self.include_base:
+            self._evaluate(trainer, pl_module, log=False, candidate="base")
+        self._warm = True
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
             self._evaluate(trainer, pl_module)
@@ -103,14 +118,16 @@ class ValidationSelection(Callback):
                 for name, value in self._best_state.items():
                     params[name].copy_(value.to(params[name].device))
         rank_zero_info(
-            f"ValidationSelection: selected step {self.best_step} (validation {self.monitor} = {self.best_score:.4f}; "
-            f"{'the base model' if self.best_step == 0 else 'a fine-tuned iterate'})."
+            f"ValidationSelection: selected {self.best_candidate} (validation {self.monitor} = {self.best_score:.4f}; "
+            f"{ {'base': 'the base model', 'step 0': 'the public warm start'}.get(self.best_candidate, 'a fine-tuned iterate')})."
         )
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "history": list(self.history),
             "best_step": self.best_step,
+            "best_candidate": self.best_candidate,
+            "warm": self._warm,
             "best_score": self.best_score,
             "best_state": self._best_state,
         }
@@ -118,5 +135,7 @@ class ValidationSelection(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
         self.best_step = state_dict.get("best_step")
+        self.best_candidate = state_dict.get("best_candidate")
+        self._warm = bool(state_dict.get("warm", False))
         self.best_score = float(state_dict.get("best_score", float("-inf")))
         self._best_state = state_dict.get("best_state")

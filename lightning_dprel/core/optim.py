@@ -41,6 +41,7 @@ from lightning_dprel.core.events import StepRecord
 from lightning_dprel.grad_sample.base import MaterializedGrads, TupleGradients
 from lightning_dprel.core.randomness import KeyedStream, distributed
 from lightning_dprel.core.specs import NoiseSpec
+from lightning_dprel.core.subspace import SUBSPACE, GradientSubspace, check_projected, check_subspace
 
 __all__ = ["DPOptimizer"]
 
@@ -122,6 +123,7 @@ class DPOptimizer(Optimizer):
         self.process_group = process_group
         self.diagnostics = bool(diagnostics)
         self._state = _Pending()
+        self.subspace: GradientSubspace | None = None
         self._step_hooks: list[Callable[[StepRecord], None]] = []
         for kind in ("step_pre", "step_post", "state_dict_pre", "state_dict_post", "load_state_dict_pre", "load_state_dict_post"):
             setattr(self, f"_optimizer_{kind}_hooks", OrderedDict())  # torch.optim.Optimizer bookkeeping hooks look up
@@ -156,6 +158,10 @@ class DPOptimizer(Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
+    def set_subspace(self, subspace: GradientSubspace | None) -> None:
+        """Clip and noise later steps' k coordinates on a PUBLIC subspace (GEP, :mod:`~lightning_dprel.core.subspace`); None: all."""
+        self.subspace = check_subspace(subspace, self.named_params)
+
     def set_noise_multiplier(self, sigma: float) -> None:
         """Change σ from the next step on (each step's record carries the σ its noise was drawn with)."""
         spec = self.noise_spec
@@ -183,12 +189,12 @@ class DPOptimizer(Optimizer):
                 "batch (each record is clipped, noised and applied exactly once)."
             )
         grads = per_tuple_grads if isinstance(per_tuple_grads, TupleGradients) else MaterializedGrads(per_tuple_grads)
-        shapes = grads.shapes()
-        if set(shapes) != set(self.named_params):
+        shapes = check_projected(grads, self.subspace)  # {} for coordinates already on the optimizer's subspace
+        if shapes and set(shapes) != set(self.named_params):
             missing = sorted(set(self.named_params) - set(shapes))
             extra = sorted(set(shapes) - set(self.named_params))
             raise ValueError(f"Per-tuple gradients must cover exactly the wrapped parameters; missing {missing}, extra {extra}.")
-        for name, p in self.named_params.items():
+        for name, p in self.named_params.items() if shapes else ():
             if tuple(shapes[name]) != tuple(p.shape):
                 raise ValueError(f"Per-tuple gradient `{name}` has shape {(grads.size,) + tuple(shapes[name])}, expected [B, *{tuple(p.shape)}].")
         if isinstance(expected_batch_size, bool) or not float(expected_batch_size) > 0.0:
@@ -238,7 +244,7 @@ class DPOptimizer(Optimizer):
         """Stage 3: sum the clipped sums over ranks (one flat all-reduce), when distributed."""
         if not distributed():
             return summed
-        names = list(self.named_params)
+        names = list(self.named_params) if self.subspace is None else [SUBSPACE]
         flat = torch.cat([summed[n].reshape(-1) for n in names])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
         out, offset = {}, 0
@@ -257,7 +263,7 @@ class DPOptimizer(Optimizer):
         std = self.noise_multiplier * self.clip_norm if self.noise_multiplier > 0.0 else 0.0
         if std == 0.0:
             return None
-        total = sum(p.numel() for p in self.named_params.values())
+        total = self.subspace.dim if self.subspace is not None else sum(p.numel() for p in self.named_params.values())
         noise = self.noise.normal(total, std, dtype=torch.float32)
         return noise if device is None else noise.to(device, non_blocking=True)
 
@@ -270,7 +276,7 @@ class DPOptimizer(Optimizer):
         if std == 0.0 or noise is None:
             return summed
         out, offset = {}, 0
-        for n in self.named_params:
+        for n in list(self.named_params) if self.subspace is None else [SUBSPACE]:  # noise slices in this order
             t = summed[n]
             numel = t.numel()
             out[n] = t + noise[offset : offset + numel].view(t.shape).to(device=t.device, dtype=t.dtype)
@@ -292,6 +298,8 @@ class DPOptimizer(Optimizer):
         self._state.pending = None  # consumed, whatever happens next
         self._state.last = {}
         grads = pending["grads"]
+        if self.subspace is not None:  # GEP: clip and noise the public-subspace coordinates (core/subspace.py)
+            grads = self.subspace.project(grads)
         noise = self.draw_noise(next(iter(self.named_params.values())).device)
         factors = self.clip(grads, pending["max_freq"])
         summed = self.sum_clipped(grads, factors)
@@ -300,6 +308,8 @@ class DPOptimizer(Optimizer):
         if self.diagnostics:
             self._record_diagnostics(grads, factors, summed, noised)
         self._state.last["expected_batch_size"] = pending["b"]
+        if self.subspace is not None:
+            noised = self.subspace.lift(noised[SUBSPACE])
         final = self.scale(noised, pending["b"])
         for name, p in self.named_params.items():
             p.grad = final[name].to(dtype=p.dtype, device=p.device)
@@ -307,7 +317,7 @@ class DPOptimizer(Optimizer):
     def _record_diagnostics(self, grads: TupleGradients, factors: Tensor, summed: dict[str, Tensor], noised: dict[str, Tensor]) -> None:
         ones = torch.where(factors > 0, torch.ones_like(factors), factors)  # the non-finite tuples stay dropped
         raw = self.all_reduce(grads.weighted_sum(ones))
-        self._state.last.update(sum_stats(list(self.named_params), summed, raw, noised))
+        self._state.last.update(sum_stats(list(summed), summed, raw, noised))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]

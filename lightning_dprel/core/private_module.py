@@ -99,6 +99,8 @@ class PrivateModule(LightningModule):
         #: How node inputs were made from texts (text encoders; kept in checkpoints), and the δ saved with a checkpoint.
         self.input_spec: dict[str, Any] | None = None
         self._saved_delta: float | None = None
+        #: What PUBLIC data shaped the model (never charged): the public graph, warm start, gradient subspace; privacy.json names it.
+        self.public_data: dict[str, Any] = {}
         if noise_seed is not None:
             rank_zero_warn(
                 f"{name}(noise_seed=<int>) makes the noise reproducible: anyone who knows the seed "
@@ -233,12 +235,13 @@ class PrivateModule(LightningModule):
         checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict()}
         if _saved_noise_spec(checkpoint) is None:
             checkpoint["lightning_dprel"]["noise_spec"] = self.noise_spec.to_dict()
-        checkpoint["lightning_dprel_usage"] = {"input_spec": self.input_spec, "delta": privacy_delta(self)}
+        checkpoint["lightning_dprel_usage"] = {"input_spec": self.input_spec, "delta": privacy_delta(self), "public_data": self.public_data}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         usage = checkpoint.get("lightning_dprel_usage") or {}
         self.input_spec = self.input_spec or usage.get("input_spec")  # a live datamodule's (a resumed fit) comes first
         self._saved_delta = usage.get("delta")
+        self.public_data = dict(usage.get("public_data") or {}) or self.public_data
         state = checkpoint.get("lightning_dprel")
         if state is None:
             return

@@ -37,6 +37,7 @@ from lightning_dprel.datamodules.edge_tuples.evaluation import EvalSet, RankingS
 from lightning_dprel.datamodules.edge_tuples.graph_prep import check_int, derive_seed, held_out_mask, prepare
 from lightning_dprel.datamodules.edge_tuples.rows import slice_rows
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
+from lightning_dprel.datamodules.edge_tuples.public import PublicRelations
 from lightning_dprel.encoders import resolve_tokenizer
 from lightning_dprel.core.randomness import distributed
 from lightning_dprel.datamodules.edge_tuples.sampling import CAPPING_POLICIES
@@ -135,6 +136,7 @@ class RelationalDataModule(PrivateDataModule):
         sampling_seed: int | None = None,
         steps_per_epoch: int | None = None,
         max_overflow_probability: float = 1e-9,
+        public: PublicRelations | GraphSource | Data | PyGDataset | None = None, relation_fraction: float = 1.0,
     ) -> None:
         """Check and keep the options (the class docstring describes the pipeline); graphs are read in :meth:`setup`.
 
@@ -169,6 +171,9 @@ class RelationalDataModule(PrivateDataModule):
                 [0, 2^64): reproducible batches for tests and experiments; public, so it voids the guarantee.
             steps_per_epoch: draws per epoch; None for ceil(1/γ).
             max_overflow_probability: refuse a configuration when P(|E⁺|·k > n) exceeds this (binomial tail).
+            public: public relations beside the private graph (:class:`~.public.PublicRelations` or a graph it wraps):
+                same ``transform``, never charged, never in a private batch, named in ``privacy.json`` (docs/utility.md).
+            relation_fraction: keep a training relation iff a seeded hash of its endpoints is below it (nested subsets).
         """
         super().__init__()
         check_int("max_degree", max_degree, 1, " The cap K must allow at least one edge per node.")
@@ -202,13 +207,14 @@ class RelationalDataModule(PrivateDataModule):
             check_int("steps_per_epoch", steps_per_epoch, 1)
         if not (0.0 < float(max_overflow_probability) < 1.0):
             raise ValueError(f"`max_overflow_probability` must be in (0, 1), got {max_overflow_probability}.")
+        if isinstance(relation_fraction, bool) or not 0.0 < float(relation_fraction) <= 1.0:
+            raise ValueError(f"`relation_fraction` must be in (0, 1], got {relation_fraction!r}.")
         if transform is not None and not callable(transform):
             raise TypeError(f"`transform` must be callable (Data -> Data), got {type(transform).__name__}.")
         self.source, self.test_source, self.val_source = source, test_source, val_source
-        self.transform = transform
-        self.directed = bool(directed)
-        self.max_degree = max_degree
-        self.capping = capping
+        self.public = public if public is None or isinstance(public, PublicRelations) else PublicRelations(public)
+        self.relation_fraction, self.transform, self.directed = float(relation_fraction), transform, bool(directed)
+        self.max_degree, self.capping = max_degree, capping
         self.expected_batch_size = float(expected_batch_size)
         self.neg_per_pos = neg_per_pos
         self.tokenizer = tokenizer
@@ -243,6 +249,7 @@ class RelationalDataModule(PrivateDataModule):
             tokenizer=self.tokenizer, max_length=self.max_length, test_fraction=self.test_fraction,
             max_degree=self.max_degree, capping=self.capping, directed=self.directed, seed=self.seed,
             max_eval_queries=self.max_eval_queries, eval_candidates=self.eval_candidates, inputs=self.node_inputs,
+            relation_fraction=self.relation_fraction, public=self.public,
         )
         spec = make_spec(
             g.num_nodes, int(g.train_edges.shape[1]), max_degree=self.max_degree,

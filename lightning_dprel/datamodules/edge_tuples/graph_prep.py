@@ -274,9 +274,10 @@ def prepare(
     source: Any, *, test_source: Any = None, val_source: Any = None, transform: Any = None,
     tokenizer: str | None = None, max_length: int = 64, test_fraction: float = 0.2, max_degree: int = 5,
     capping: str = "drop", directed: bool = False, seed: int = 0, max_eval_queries: int | None = None,
-    eval_candidates: int | None = None, inputs: str = "auto",
+    eval_candidates: int | None = None, inputs: str = "auto", relation_fraction: float = 1.0, public: Any = None,
 ) -> PreparedGraphs:
-    """Load, clean, split, cap and tokenise (the datamodule's ``setup``; see its docstring for the options)."""
+    """Load, clean, split, cap and tokenise (the datamodule's ``setup``; see its docstring for the options); a ``public``
+    :class:`~lightning_dprel.datamodules.edge_tuples.public.PublicRelations` is prepared with the same node inputs."""
     train, test, val = _load_graphs(source, test_source, val_source, transform)
     tok = load_tokenizer(tokenizer)
     n = count_nodes(train, "source")
@@ -298,6 +299,11 @@ def prepare(
         test_n = count_nodes(test, "test_source")
         test_inputs = node_inputs(test, test_n, tok, max_length, "test_source", inputs)
         test_edges = _eval_relations(test, test_n, "test_source", "test")
+    if relation_fraction < 1.0:  # nested public subsets: each relation kept by its own hash (data-size curves)
+        salt = int(torch.randint(0, 2**62, (1,), generator=public_generator(seed, "subset")))
+        oriented = oriented[:, held_out_mask(oriented, relation_fraction, salt)]
+        if oriented.shape[1] == 0:
+            raise ValueError(f"relation_fraction={relation_fraction} keeps no training relation; raise it.")
     simple = to_simple_undirected(oriented, n)
     capped = cap_degree(simple, n, max_degree, policy=capping, generator=public_generator(seed, "cap"))
     report_capping(simple, capped, n, max_degree)
@@ -313,4 +319,6 @@ def prepare(
         val_inputs = node_inputs(val, val_n, tok, max_length, "val_source", inputs)
         val_edges = _eval_relations(val, val_n, "val_source", "validation")
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)
+    if public is not None:
+        public.prepare(transform=transform, tokenizer=tokenizer, max_length=max_length, inputs=inputs)
     return PreparedGraphs(n, capped, train_inputs, test_set, val_set)

@@ -169,6 +169,8 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         hp = self.hparams
         mode = hp.get("per_tuple_mode", "auto")
         chunk = hp["vmap_chunk_size"] if hp.get("vmap_chunk_size") is not None else hp.get("chunk_size", "auto")
+        if self._dp_optimizer is not None and self._dp_optimizer.subspace is not None:
+            mode = "vmap"  # a projected step needs each tuple's gradient as a tensor (core/subspace.py)
         if mode != "vmap" and params:
             key = (tuple(params), self.encoder.training)
             plan = self._ghost_plans.setdefault(key, ghost_plan(self.encoder, params))
@@ -184,12 +186,28 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
             chunk = auto_chunk_size(self.encoder, inputs, params, per_tuple_gradients=True) if params else None
         return per_tuple_grads(self.encoder, inputs, self._tuple_head, args, chunk_size=chunk)
 
+    # --- public data (never charged: the batch comes from datamodule.public, not the private stream) ---------------
+    def public_tuple_grads(self, batch: TupleBatch) -> dict[str, Tensor]:
+        """Per-tuple gradients ``[B, *shape]`` of PUBLIC tuples at the current parameters (for the public subspace)."""
+        chunk = self.hparams.get("chunk_size", "auto")
+        chunk = None if chunk == "auto" else chunk
+        result = per_tuple_grads(self.encoder, tuple_inputs(batch), self._tuple_head, (batch.neg_anchor.long(),), chunk_size=chunk)
+        return dict(result.grads)
+
+    def public_loss(self, batch: TupleBatch) -> Tensor:
+        """The mean loss of PUBLIC tuples, differentiable (for non-private public pre-training)."""
+        h = self.encoder(**batch.node_inputs)[batch.tuple_nodes.long()]
+        return self._tuple_head(h, batch.neg_anchor.long()).mean()
+
     def configure_optimizers(self) -> DPOptimizer:
         return self.build_dp_optimizer(trainable_parameters(self.encoder))
 
     def setup(self, stage: str) -> None:
         if self.trainer.datamodule is not None:
             self.input_spec = input_spec_of(self.trainer.datamodule)
+            public = getattr(self.trainer.datamodule, "public", None)
+            if public is not None:
+                self.public_data.setdefault("graph", public.describe())
 
     # --- training ------------------------------------------------------------------------------------
     def training_step(self, batch: TupleBatch, batch_idx: int) -> None:
