@@ -10,7 +10,7 @@ import torch
 from pytorch_lightning import Trainer
 
 from lightning_dprel.callbacks import PrivacyCallback, PublicGradientSubspace, PublicWarmStart, ValidationSelection
-from lightning_dprel.callbacks.public import warm_start
+from lightning_dprel.callbacks.public import PublicInterleave, warm_start
 from lightning_dprel.core.subspace import GradientSubspace
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.datasets import GraphPair, GraphSource
@@ -75,15 +75,16 @@ def test_public_relations_stay_out_of_the_private_stream_and_the_budget():
 def test_warm_start_and_subspace_charge_nothing_and_privacy_json_names_them(tmp_path):
     module, dm = _module(), _dm()
     callbacks = [PrivacyCallback(target_epsilon=8.0, delta=1e-5, calibrate=True), ValidationSelection(every_n_steps=3),
-                 PublicWarmStart(steps=5, batch_size=32), PublicGradientSubspace(k=3, every_n_steps=2, num_tuples=32)]
+                 PublicWarmStart(steps=5, batch_size=32), PublicGradientSubspace(k=3, every_n_steps=2, num_tuples=32),
+                 PublicInterleave(every_n_steps=2, batch_size=32)]
     _trainer(callbacks, steps=6).fit(module, dm)
     ledger = module.privacy_ledger
     assert ledger.steps == 6 and ledger.private_steps == 6  # the 5 public steps and 3 subspace estimates are not releases
     report = json.loads((export_model(module, tmp_path) / "privacy.json").read_text())
     public = report["public_data"]
     assert public["graph"]["charged"] is False and public["graph"]["relations"] == dm.public.num_relations
-    assert public["warm_start"]["steps"] == 5 and public["subspace"]["k"] == 3
-    assert callbacks[-1].refreshes == 3  # before step 0, at steps 2 and 4
+    assert public["warm_start"]["steps"] == 5 and public["subspace"]["k"] == 3 and public["interleave"]["every_n_steps"] == 2
+    assert callbacks[-2].refreshes == 3  # before step 0, at steps 2 and 4
 
 
 def test_warm_start_runs_once_and_the_base_model_stays_a_candidate():
