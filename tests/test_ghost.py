@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lightning_dprel.core.clipping import factors_from_norms
+from lightning_dprel.demos.tuple_batches import entity_removal_pair
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter, TextEncoder
 from lightning_dprel.grad_sample.ghost import GhostGrads, GhostUnsupported, ghost_grads, ghost_plan
 from lightning_dprel.methods.relational.losses import tuple_loss
@@ -253,13 +254,7 @@ def test_removing_a_node_moves_the_ghost_clipped_sum_within_the_bound(clipping):
     torch.manual_seed(0)
     enc = MLPEncoder(8, hidden_dim=16, out_dim=8, num_layers=2).double()
     x = torch.randn(60, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    u, z = 0, 59
-    pos = torch.tensor([[u, 1], [u, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [13, 14]])
-    neg = torch.arange(20, 20 + 8 * K).reshape(8, K)
-    neg[5, 1] = u
-    anchor = torch.randint(0, 2, (8, K), generator=torch.Generator().manual_seed(3))
-    pos2, neg2, anchor2 = pos[2:], neg[2:].clone(), anchor[2:]
-    neg2[3, 1] = z  # tuple 5 of B is tuple 3 of B'
+    (pos, neg, anchor), (pos2, neg2, anchor2) = entity_removal_pair(K)
     clip = 1e-3  # every tuple clipped: the worst case
 
     def clipped(p, n, a):

@@ -10,6 +10,7 @@ from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.subspace import SUBSPACE, GradientSubspace, ProjectedGrads
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
+from lightning_dprel.demos.tuple_batches import entity_removal_pair
 from lightning_dprel.encoders import ResidualAdapter
 from lightning_dprel.grad_sample.per_tuple import MaterializedGrads, per_tuple_grads, trainable_parameters
 from lightning_dprel.methods.relational.losses import tuple_loss
@@ -94,13 +95,7 @@ def test_removing_a_node_moves_the_projected_release_within_the_entity_bound(cli
     enc = _adapter()
     sub = _public_basis(enc, 3)
     x = torch.randn(60, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    u, z = 0, 59
-    pos = torch.tensor([[u, 1], [u, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [13, 14]])
-    neg = torch.arange(20, 20 + 8 * K).reshape(8, K)
-    neg[5, 1] = u
-    anchor = torch.randint(0, 2, (8, K), generator=torch.Generator().manual_seed(3))
-    pos2, neg2, anchor2 = pos[2:], neg[2:].clone(), anchor[2:]
-    neg2[3, 1] = z
+    (pos, neg, anchor), (pos2, neg2, anchor2) = entity_removal_pair(K)
     clip = 1e-3
     full = _released(enc, sub, pos, neg, anchor, x, clip=clip, clipping=clipping)
     near = _released(enc, sub, pos2, neg2, anchor2, x, clip=clip, clipping=clipping)

@@ -12,7 +12,7 @@ from torch import Tensor
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
-__all__ = ["build_tuple_batch", "sample_coupled", "ranking_batch", "tokenize_nodes"]
+__all__ = ["build_tuple_batch", "sample_coupled", "ranking_batch", "tokenize_nodes", "entity_removal_pair"]
 
 
 def build_tuple_batch(
@@ -77,3 +77,16 @@ def tokenize_nodes(path: str, texts: list[str], max_length: int = 12) -> dict[st
     tok = AutoTokenizer.from_pretrained(path)
     enc = tok(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def entity_removal_pair(k: int) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """Entity-level neighbours (B, B') of 8 tuples: node 0 has 2 positive tuples and one negative slot (tuple 5, which is
+    tuple 3 of B'); B' drops its positives and gives the slot to a fresh node 59 (i = 2, j = 1). Each is (pos, neg, anchor)."""
+    u, z = 0, 59
+    pos = torch.tensor([[u, 1], [u, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [13, 14]])
+    neg = torch.arange(20, 20 + 8 * k).reshape(8, k)
+    neg[5, 1] = u
+    anchor = torch.randint(0, 2, (8, k), generator=torch.Generator().manual_seed(3))
+    neg2 = neg[2:].clone()
+    neg2[3, 1] = z
+    return (pos, neg, anchor), (pos[2:], neg2, anchor[2:])
