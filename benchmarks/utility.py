@@ -333,24 +333,51 @@ def _public_summary(records: list[dict]) -> str:
     return f"seeds {seeds}\n\n" + "\n".join(lines)
 
 
+def _job_key(r: dict) -> tuple:
+    return (r["method"], r.get("recipe", "today") if r["method"] not in ("base", "public_only") else "today", r.get("epsilon"),
+            r["seed"], float(r.get("fraction", 1.0)))
+
+
+def _priority(job: dict) -> tuple:
+    return (job.get("epsilon") not in (None, 10.0), job["seed"])
+
+
+def _reused(paths: list[str], jobs: list[dict]) -> list[dict]:
+    """Records of earlier runs of the same grid (``--reuse``: a utility_public.json or .partial.jsonl) that match a job."""
+    wanted, out = {_job_key(j) for j in jobs}, {}
+    for path in paths:
+        text = Path(path).read_text()
+        rows = json.loads(text)["records"] if path.endswith(".json") else [json.loads(line) for line in text.splitlines() if line]
+        out.update({_job_key(r): r for r in rows if _job_key(r) in wanted})
+    return list(out.values())
+
+
 def main_public(a: argparse.Namespace, cfg: dict) -> int:
     """``--public``: the issue-24 grid on HPO with WordNet as the public graph (``utility_public.json`` / ``.md``)."""
     start = time.time()
     _setup_worker()
     _datamodule("hpo_large", cfg, 0, public=True).setup("fit")  # embeddings once (cached for the workers)
     jobs = public_jobs(a.seeds, a.epsilons, cfg, a.clip)
-    records = []
+    records = _reused(a.reuse, jobs)
+    done = {_job_key(r) for r in records}
+    jobs = sorted((j for j in jobs if _job_key(j) not in done), key=_priority)  # ε = 10 and the curve first
+    out = Path(a.out).with_name("utility_public.json")
+    partial = out.with_suffix(".partial.jsonl")  # one line per finished run: nothing lost if the grid is interrupted
+    partial.write_text("".join(json.dumps(r, default=float) + "\n" for r in records))
     with ProcessPoolExecutor(max_workers=a.workers) as pool:
         for r in pool.map(run_public, jobs):
             print(f"[utility --public] {r['method']:<11} {r['recipe']:<9} eps={r['epsilon']} f={r['fraction']} seed={r['seed']} "
                   f"P@1={r['prec1']:.4f} MRR={r['mrr']:.4f} val={r['val_mrr']:.4f} sel={r['selected']} ({r['time_s']:.0f} s)", flush=True)
             records.append(r)
-    out = Path(a.out).with_name("utility_public.json")
-    meta = {"command": "utility.py --public", "config": cfg, "recipes": RECIPES, "clip_norm": a.clip, "wall_s": time.time() - start}
+            with partial.open("a") as f:
+                f.write(json.dumps(r, default=float) + "\n")
+    meta = {"command": "utility.py --public", "config": cfg, "recipes": RECIPES, "clip_norm": a.clip, "wall_s": time.time() - start,
+            "reused": {"from": a.reuse, "records": len(done)}}
     out.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=float))
     table = _public_summary(records)
     out.with_suffix(".md").write_text(f"# Public data in the loop (issue 24)\n\n`{meta['command']}` — {meta['wall_s'] / 60:.1f} min; "
-                                      f"config {json.dumps(cfg)}; C = {a.clip}; recipes {json.dumps(RECIPES)}\n\n{table}\n")
+                                      f"config {json.dumps(cfg)}; C = {a.clip}; recipes {json.dumps(RECIPES)}; records reused from earlier runs "
+                                      f"(--reuse): {len(done)}\n\n{table}\n")
     print(table)
     return 0
 
@@ -377,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "utility.json"))
     ap.add_argument("--quick", action="store_true", help="one seed, HPO only, 40 steps, ε ∈ {4, 10}")
     ap.add_argument("--public", action="store_true", help="issue 24: public WordNet beside private HPO (recipes, ε = 1, 4, 10, data-size curve)")
+    ap.add_argument("--reuse", nargs="*", default=[], help="--public: keep matching records of earlier runs (json or partial jsonl)")
     ap.add_argument("--clip", type=float, default=5.0, help="C for --public (chosen on validation by the issue-10 grid)")
     a = ap.parse_args(argv)
     if a.public:

@@ -4,7 +4,11 @@ A project with its own top-level ``datamodules`` package shadows this one; impor
 ``lightning_dprel`` (``from lightning_dprel import RelationalDataModule``) to be safe.
 """
 
-from lightning_dprel.datamodules import GraphPair, GraphSource, NodeSplitDataModule, PyGSource, RelationalDataModule
+from lightning_dprel.datamodules import (
+    DPDegreeCap, GraphPair, GraphSource, NodeSplitDataModule, PublicRelations, PyGSource, RelationalDataModule, choose_settings,
+    suggest_settings,
+)
 from lightning_dprel.datamodules import datasets
 
-__all__ = ["GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "NodeSplitDataModule", "datasets"]
+__all__ = ["GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "NodeSplitDataModule", "PublicRelations", "DPDegreeCap",
+           "choose_settings", "suggest_settings", "datasets"]
