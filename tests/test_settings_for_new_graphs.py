@@ -73,6 +73,17 @@ def test_with_negligible_noise_K_is_the_smallest_cap_keeping_the_stated_share():
         assert est.kept_fraction >= keep - 1e-6
 
 
+def test_an_empty_graph_gives_the_smallest_cap_and_delta_follows_the_sizes():
+    class _Below(KeyedStream):  # noise that clamps every count of an empty graph to 0
+        def normal(self, n, std=1.0, *, dtype=torch.float32):
+            return -torch.ones(n, dtype=dtype)
+
+    est = DPDegreeCap(k_max=4, stream=_Below("t", seed=0, _warn=False)).estimate(torch.empty(2, 0, dtype=torch.long), 10)
+    assert (est.max_degree, est.kept_fraction, est.noisy_counts) == (1, 1.0, (0.0,) * 4)
+    assert suggest_settings(200_000, 300_000, target_epsilon=10.0, max_degree=5).delta == 1.0 / 300_000
+    assert suggest_settings(200_000, 150_000, target_epsilon=10.0, max_degree=5).delta == 1.0 / 200_000
+
+
 def test_the_noise_has_the_stated_scale_and_comes_from_the_keyed_stream():
     edges = _capped_graph(1500, 4000, 8, seed=1)
     exact, std = survival_counts(edges, 1500, 8), 2.0 * survival_sensitivity(8)
@@ -117,6 +128,14 @@ def _spec(m: int, n: int, b: int, k: int):
     return make_spec(n, m, max_degree=k, expected_batch_size=b, neg_per_pos=1, steps_per_epoch=None, max_overflow_probability=1e-6)
 
 
+def _module():
+    from lightning_dprel.encoders import ResidualAdapter
+    from lightning_dprel.methods.relational.module import DPRelationalModule
+
+    return DPRelationalModule(ResidualAdapter(8, rank=2, directed=True), score="directed_cosine", loss="hinge", margin=2.0,
+                              temperature=0.5, clipping="standard", clip_norm=1.0, noise_seed=1)
+
+
 class _Source(GraphSource):
     def load(self) -> GraphPair:
         train, val, test = (random_feature_graph(n, e, dim=8, seed=s) for n, e, s in ((300, 900, 0), (80, 200, 1), (80, 200, 2)))
@@ -127,7 +146,14 @@ def test_choose_settings_caps_at_the_estimated_K_and_sizes_the_batch_from_m():
     def make(**kw):
         return RelationalDataModule(_Source(), neg_per_pos=1, sampling_seed=1, directed=True, **kw)
 
-    dm, settings = choose_settings(make, target_epsilon=4.0, degree_cap=DPDegreeCap(keep=0.8, k_max=12, stream=_seeded()), steps=50)
+    module = _module()
+    dm, settings = choose_settings(make, target_epsilon=4.0, module=module, degree_cap=DPDegreeCap(keep=0.8, k_max=12, stream=_seeded()),
+                                   steps=50)
+    assert [s.mechanism for s in module.privacy_ledger.segments] == ["gaussian"]  # charged by choose_settings itself
+    probe = make(max_degree=12, expected_batch_size=1)  # the estimate read the graph capped at k_max, not the raw or K-capped one
+    probe.setup("fit")
+    again = DPDegreeCap(keep=0.8, k_max=12, stream=_seeded()).estimate(probe.train_edges, probe.sampling_spec.num_nodes)
+    assert again == settings.degree_cap
     dm.setup("fit")
     spec = dm.sampling_spec
     assert spec.max_degree == settings.max_degree == settings.degree_cap.max_degree
@@ -146,6 +172,12 @@ def test_bad_inputs_are_refused():
         DPDegreeCap(k_max=2, stream=_seeded()).estimate(_capped_graph(60, 150, 6, seed=0), 60)
     with pytest.raises(ValueError, match="num_relations"):
         suggest_settings(0, 10, target_epsilon=1.0, max_degree=2)
+    with pytest.raises(ValueError, match="unit"):  # a release for another unit is not composed with entity-level training
+        suggest_settings(100, 200, target_epsilon=4.0, max_degree=2, spent=(GaussianRelease(3.0, "labelled_node"),))
+    with pytest.raises(TypeError, match="max_degree"):
+        choose_settings(lambda **kw: None, target_epsilon=4.0, module=_module(), max_degree=3)
+    with pytest.raises(TypeError, match="PrivateModule"):
+        choose_settings(lambda **kw: None, target_epsilon=4.0, module=object())
     with pytest.raises(ValueError, match="sampling_rate"):
         suggest_settings(100, 200, target_epsilon=1.0, max_degree=2, sampling_rate=0.0)
 
@@ -154,16 +186,12 @@ def test_a_fit_after_the_estimate_spends_at_most_the_budget_with_the_sliver_in_t
     from pytorch_lightning import Trainer
 
     from lightning_dprel.callbacks import PrivacyCallback
-    from lightning_dprel.encoders import ResidualAdapter
-    from lightning_dprel.methods.relational.module import DPRelationalModule
 
     def make(**kw):
         return RelationalDataModule(_Source(), neg_per_pos=1, sampling_seed=1, directed=True, **kw)
 
-    dm, settings = choose_settings(make, target_epsilon=4.0, degree_cap=DPDegreeCap(k_max=12, stream=_seeded()), steps=8)
-    module = DPRelationalModule(ResidualAdapter(8, rank=2, directed=True), score="directed_cosine", loss="hinge", margin=2.0,
-                                temperature=0.5, clipping="standard", clip_norm=1.0, noise_seed=1)
-    module.charge(settings.degree_cap.release)
+    module = _module()
+    dm, settings = choose_settings(make, target_epsilon=4.0, module=module, degree_cap=DPDegreeCap(k_max=12, stream=_seeded()), steps=8)
     priv = PrivacyCallback(target_epsilon=4.0, delta=settings.delta, calibrate=True)
     Trainer(max_steps=settings.steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0,

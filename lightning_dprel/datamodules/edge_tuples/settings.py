@@ -7,7 +7,10 @@ as a :class:`~lightning_dprel.core.events.GaussianRelease` for the unit ``entity
 
 Neighbouring relation of the estimate: the graph capped at the public bound ``k_max`` (every entity ≤ k_max
 relations) taken as the dataset, one entity and its relations removed, the convention every capped run of this
-library uses (see :func:`~lightning_dprel.datamodules.edge_tuples.sampling.cap_degree` for what it covers).
+library uses (see :func:`~lightning_dprel.datamodules.edge_tuples.sampling.cap_degree` for what it covers). Training
+then reads the graph capped at K ≤ k_max: composing the two is exact when capping at k_max and at K removes nothing;
+otherwise it rests on accepting both capped graphs as the dataset (removing an entity from the raw graph can add a
+relation at a neighbour of either, cap_degree's case (c)).
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class DPDegreeCap:
         keep: share of relation endpoints to keep, in (0, 1]; 0.8 gives K = 5 on HPO (the cap the main job was tuned
             with: 0.82 of its endpoints) and K = 6 on WordNet nouns (a heavier tail).
         k_max: the public upper bound on K (and the cap of the graph the estimate reads).
-        noise_multiplier: z; 3 costs ≈ 0.2 of an ε = 10 budget (measured by :func:`suggest_settings`).
+        noise_multiplier: z; at 3 the σ that 500 steps need for ε = 10 on HPO rose from 8.49 to 8.61
+            (``benchmarks/settings_for_new_graphs.py``).
         stream: the noise source (default: a secret ``KeyedStream``).
     """
 
@@ -142,7 +146,7 @@ def suggest_settings(
 ) -> Settings:
     """b = γ·m (γ the rate the main job was tuned at), the given steps, and the σ that spends what ``spent`` leaves.
 
-    Only public facts (m, n, K, the budget) enter; δ defaults to min(1/m, 1e-5)."""
+    Only public facts (m, n, K, the budget) enter; δ defaults to min(1/m, 1/n, 1e-5)."""
     from lightning_dprel.accounting import Accountant, noise_multiplier_for
     from lightning_dprel.datamodules.edge_tuples.coupled_stream import make_spec
 
@@ -150,12 +154,14 @@ def suggest_settings(
         raise ValueError(f"`num_relations` must be an int >= 1, got {num_relations!r}.")
     if not 0.0 < sampling_rate <= 1.0:
         raise ValueError(f"`sampling_rate` must be in (0, 1], got {sampling_rate!r}.")
-    delta = min(1.0 / num_relations, 1e-5) if delta is None else float(delta)
+    delta = min(1.0 / num_relations, 1.0 / num_nodes, 1e-5) if delta is None else float(delta)
     b = max(1, round(sampling_rate * num_relations))
     spec = make_spec(num_nodes, num_relations, max_degree=max_degree, expected_batch_size=b, neg_per_pos=neg_per_pos,
                      steps_per_epoch=None, max_overflow_probability=1e-6)
     acc = Accountant(mechanism)
     for release in spent:
+        if release.unit != spec.privacy_unit:
+            raise ValueError(f"a release for the unit {release.unit!r} cannot be composed with training for {spec.privacy_unit!r}.")
         acc.step(None, release.noise_multiplier, release.count, mechanism=release.mechanism)
     sigma = noise_multiplier_for(target_epsilon, delta=delta, steps=steps, sampling=spec, mechanism=mechanism,
                                  orders=acc.orders, spent_rdp=acc.rdp())
@@ -163,17 +169,24 @@ def suggest_settings(
 
 
 def choose_settings(
-    make_datamodule: Callable[..., Any], *, target_epsilon: float, degree_cap: DPDegreeCap | None = None,
+    make_datamodule: Callable[..., Any], *, target_epsilon: float, module: Any, degree_cap: DPDegreeCap | None = None,
     **suggest: Any,
 ) -> tuple[Any, Settings]:
     """The recipe for a new graph: ``make_datamodule(max_degree=..., expected_batch_size=...)`` builds a
-    :class:`RelationalDataModule`; a probe capped at ``degree_cap.k_max`` gives the DP estimate of K, the final
-    datamodule is capped at K with b = γ·m. Charge ``settings.degree_cap.release`` to the module before fitting.
+    :class:`RelationalDataModule`; a probe capped at ``degree_cap.k_max`` gives the DP estimate of K, charged to
+    ``module``'s ledger at once (``module.charge``); the final datamodule is capped at K with b = γ·m.
     """
+    for name in ("max_degree", "spent"):
+        if name in suggest:
+            raise TypeError(f"choose_settings sets `{name}` itself (from the DP estimate); do not pass it.")
+    if not callable(getattr(module, "charge", None)):
+        raise TypeError("`module` must be a PrivateModule (it is charged for the estimate), got "
+                        f"{type(module).__name__}.")
     cap = degree_cap if degree_cap is not None else DPDegreeCap()
     probe = make_datamodule(max_degree=cap.k_max, expected_batch_size=1)
     probe.setup("fit")
     estimate = cap.estimate(probe.train_edges, probe.sampling_spec.num_nodes)
+    module.charge(estimate.release)  # released now: charged whatever happens next
     sized = make_datamodule(max_degree=estimate.max_degree, expected_batch_size=1)
     sized.setup("fit")
     spec = sized.sampling_spec
