@@ -25,7 +25,7 @@ def main() -> int:
     from lightning_dprel.core.randomness import KeyedStream
     from lightning_dprel.datamodules import RelationalDataModule
     from lightning_dprel.datamodules.datasets import HPOLarge, WordNetLarge
-    from lightning_dprel.datamodules.edge_tuples.settings import DPDegreeCap, suggest_settings, survival_counts
+    from lightning_dprel.datamodules.edge_tuples.settings import DPDegreeCap, cap_for_share, suggest_settings, survival_counts
     from lightning_dprel.transforms import EmbedText
 
     torch.set_num_threads(1)
@@ -43,7 +43,7 @@ def main() -> int:
         probe = make(32)
         n = probe.sampling_spec.num_nodes
         counts = survival_counts(probe.train_edges, n, 32)
-        exact = int(torch.nonzero(counts.cumsum(0) / counts.sum() >= 0.8)[0]) + 1
+        exact = cap_for_share(counts, 0.8)[0]
         draws = [DPDegreeCap(stream=KeyedStream.seeded(s, "settings-report", warn=False)).estimate(probe.train_edges, n) for s in range(3)]
         k = draws[0].max_degree
         m5, mk = make(5).sampling_spec.num_edges, make(k).sampling_spec.num_edges

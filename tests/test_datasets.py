@@ -8,68 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_dprel.demos import wordnet_noun_line as _wn_line
+from lightning_dprel.demos import obo_file, wordnet_noun_line as _wn_line
 from lightning_dprel.datamodules.datasets import HPODomains, PyGSource, WordNetDomains, load_hpo_domain, load_wordnet_domain
 from lightning_dprel.datamodules.datasets.hpo import parse_obo
 from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, parse_wordnet_nouns
 
-TINY_OBO = """format-version: 1.2
-
-[Term]
-id: HP:0000001
-name: All
-
-[Term]
-id: HP:0000118
-name: Phenotypic abnormality
-is_a: HP:0000001 ! All
-
-[Term]
-id: HP:0000100
-name: Abnormality of the heart system
-def: "A heart thing." [ref:1]
-is_a: HP:0000118
-
-[Term]
-id: HP:0000101
-name: Heart murmur
-def: "A sound." []
-is_a: HP:0000100
-
-[Term]
-id: HP:0000102
-name: Loud heart murmur
-is_a: HP:0000101
-is_a: HP:0000200
-
-[Term]
-id: HP:0000200
-name: Abnormality of the lung system
-is_a: HP:0000118
-
-[Term]
-id: HP:0000201
-name: Cough
-def: "Air out." []
-is_a: HP:0000200
-
-[Term]
-id: HP:0000202
-name: Old cough
-is_a: HP:0000201
-is_obsolete: true
-
-[Term]
-id: HP:0000300
-name: Abnormality of the lonely system
-is_a: HP:0000118
-
-[Typedef]
-id: part_of
-name: part of
-"""
-
-
+TINY_OBO = obo_file([
+    ("HP:0000001", "All", []),
+    ("HP:0000118", "Phenotypic abnormality", ["is_a: HP:0000001 ! All"]),
+    ("HP:0000100", "Abnormality of the heart system", ['def: "A heart thing." [ref:1]', "is_a: HP:0000118"]),
+    ("HP:0000101", "Heart murmur", ['def: "A sound." []', "is_a: HP:0000100"]),
+    ("HP:0000102", "Loud heart murmur", ["is_a: HP:0000101", "is_a: HP:0000200"]),
+    ("HP:0000200", "Abnormality of the lung system", ["is_a: HP:0000118"]),
+    ("HP:0000201", "Cough", ['def: "Air out." []', "is_a: HP:0000200"]),
+    ("HP:0000202", "Old cough", ["is_a: HP:0000201", "is_obsolete: true"]),
+    ("HP:0000300", "Abnormality of the lonely system", ["is_a: HP:0000118"]),
+], tail='[Typedef]\nid: part_of\nname: part of\n')
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch_geometric.utils import stochastic_blockmodel_graph
 
-from lightning_dprel.demos import wordnet_noun_line as _wn_line
+from lightning_dprel.demos import obo_file, wordnet_noun_line as _wn_line
 from lightning_dprel.datamodules.datasets import BlockModelGraph, HPOGraph, WordNetNounGraph
 from lightning_dprel.datamodules.datasets.base import hashed_subset
 from lightning_dprel.datamodules.datasets.hpo import default_obo_path
@@ -112,7 +112,6 @@ def test_sbm_repr() -> None:
 # --- WordNet nouns ---------------------------------------------------------------------------------------------------
 
 
-
 @pytest.fixture
 def tiny_wordnet(tmp_path: Path) -> Path:
     lines = [
@@ -175,59 +174,18 @@ def test_real_wordnet_noun_graph() -> None:
 
 # --- HPO phenotypic abnormality --------------------------------------------------------------------------------------
 
-TINY_OBO = """format-version: 1.2
-
-[Term]
-id: HP:0000001
-name: All
-
-[Term]
-id: HP:0000118
-name: Phenotypic abnormality
-is_a: HP:0000001 ! All
-
-[Term]
-id: HP:0000200
-name: Abnormality of the lung system
-is_a: HP:0000118
-
-[Term]
-id: HP:0000100
-name: Abnormality of the heart system
-is_a: HP:0000118
-
-[Term]
-id: HP:0000101
-name: Heart murmur
-is_a: HP:0000100
-
-[Term]
-id: HP:0000102
-name: Heart-lung murmur
-is_a: HP:0000101
-is_a: HP:0000200
-
-[Term]
-id: HP:0000201
-name: Cough
-is_a: HP:0000200
-
-[Term]
-id: HP:0000202
-name: Old cough
-is_a: HP:0000201
-is_obsolete: true
-
-[Term]
-id: HP:0000300
-name: Abnormality of the lonely system
-is_a: HP:0000118
-
-[Term]
-id: HP:0000400
-name: Mode of inheritance
-is_a: HP:0000001
-"""
+TINY_OBO = obo_file([
+    ("HP:0000001", "All", []),
+    ("HP:0000118", "Phenotypic abnormality", ["is_a: HP:0000001 ! All"]),
+    ("HP:0000200", "Abnormality of the lung system", ["is_a: HP:0000118"]),
+    ("HP:0000100", "Abnormality of the heart system", ["is_a: HP:0000118"]),
+    ("HP:0000101", "Heart murmur", ["is_a: HP:0000100"]),
+    ("HP:0000102", "Heart-lung murmur", ["is_a: HP:0000101", "is_a: HP:0000200"]),
+    ("HP:0000201", "Cough", ["is_a: HP:0000200"]),
+    ("HP:0000202", "Old cough", ["is_a: HP:0000201", "is_obsolete: true"]),
+    ("HP:0000300", "Abnormality of the lonely system", ["is_a: HP:0000118"]),
+    ("HP:0000400", "Mode of inheritance", ["is_a: HP:0000001"]),
+])
 
 
 def test_hpo_graph_on_a_tiny_file(tmp_path: Path) -> None:

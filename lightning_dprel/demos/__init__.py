@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
-__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained", "wordnet_noun_line"]
+__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained", "wordnet_noun_line", "obo_file"]
 
 #: A small closed vocabulary: the tiny tokenizer knows every word that :func:`random_text_graph` writes.
 WORDS = tuple(
@@ -131,3 +131,10 @@ def wordnet_noun_line(offset: str, lex: int, words: list[str], ptrs: list[tuple[
     w = " ".join(f"{x} 0" for x in words)
     p = " ".join(f"{sym} {tgt} n 0000" for sym, tgt in ptrs)
     return f"{offset} {lex:02d} n {len(words):02x} {w} {len(ptrs):03d} {p} | {gloss}  \n"
+
+
+def obo_file(terms: list[tuple[str, str, list[str]]], tail: str = "") -> str:
+    """A tiny ``hp.obo`` for tests: ``terms`` are ``(id, name, tag lines)``, e.g. ``("HP:0000101", "Heart murmur",
+    ['def: "A sound." []', "is_a: HP:0000100"])``; ``tail`` follows the terms (a ``[Typedef]`` stanza)."""
+    blocks = ["[Term]\n" + "\n".join([f"id: {i}", f"name: {n}", *lines]) + "\n" for i, n, lines in terms]
+    return "format-version: 1.2\n\n" + "\n".join(blocks) + (f"\n{tail}" if tail else "")

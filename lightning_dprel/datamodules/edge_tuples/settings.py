@@ -25,7 +25,7 @@ from torch import Tensor
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.randomness import KeyedStream
 
-__all__ = ["survival_counts", "survival_sensitivity", "DegreeCapEstimate", "DPDegreeCap", "Settings", "suggest_settings", "choose_settings"]
+__all__ = ["survival_counts", "survival_sensitivity", "cap_for_share", "DegreeCapEstimate", "DPDegreeCap", "Settings", "suggest_settings", "choose_settings"]
 
 #: γ = b/m of the HPO main job (1024 / 11,575), the rate the measured recipe was tuned at.
 DEFAULT_SAMPLING_RATE = 0.09
@@ -106,11 +106,17 @@ class DPDegreeCap:
         counts = survival_counts(edge_index, num_nodes, self.k_max)
         noise = self.stream.normal(self.k_max, self.noise_multiplier * survival_sensitivity(self.k_max), dtype=torch.float64)
         noisy = (counts + noise).clamp_(min=0.0)  # post-processing
-        total = float(noisy.sum())
-        kept = noisy.cumsum(0) / total if total > 0 else torch.ones(self.k_max, dtype=torch.float64)
-        reach = torch.nonzero(kept >= self.keep - 1e-12)
-        k = int(reach[0]) + 1 if reach.numel() else self.k_max
-        return DegreeCapEstimate(k, float(kept[k - 1]), self.keep, self.k_max, self.noise_multiplier, tuple(noisy.tolist()))
+        k, kept = cap_for_share(noisy, self.keep)
+        return DegreeCapEstimate(k, kept, self.keep, self.k_max, self.noise_multiplier, tuple(noisy.tolist()))
+
+
+def cap_for_share(counts: Tensor, keep: float) -> tuple[int, float]:
+    """(K, share): the smallest K whose share of relation endpoints Σ_{j≤K} c_j / Σ_j c_j is ≥ ``keep``, and that share."""
+    total = float(counts.sum())
+    kept = counts.cumsum(0) / total if total > 0 else torch.ones(counts.numel(), dtype=torch.float64)
+    reach = torch.nonzero(kept >= keep - 1e-12)
+    k = int(reach[0]) + 1 if reach.numel() else counts.numel()
+    return k, float(kept[k - 1])
 
 
 @dataclass(frozen=True)
