@@ -150,6 +150,7 @@ def test_trainer_checkpoint_of_a_secret_stream_holds_no_key(tmp_path):
 _DDP_SCRIPT = """
 import json, sys, torch
 import pytorch_lightning as pl
+from ddp_helpers import ReleaseGroupAtTeardown
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 
@@ -173,7 +174,7 @@ if __name__ == "__main__":
                               steps_per_epoch=4)  # sampling_seed=None: a secret key per run, rank 0's on every rank
     pl.Trainer(max_epochs=1, accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_checkpointing=False,
                enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-               num_sanity_val_steps=0).fit(Rec(sys.argv[1]), datamodule=dm)
+               num_sanity_val_steps=0, callbacks=[ReleaseGroupAtTeardown()]).fit(Rec(sys.argv[1]), datamodule=dm)
 """
 
 

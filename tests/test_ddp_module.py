@@ -12,6 +12,7 @@ import torch
 from pytorch_lightning import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
+from ddp_helpers import ReleaseGroupAtTeardown
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule
@@ -62,7 +63,7 @@ def _fit(devices, strategy, folder):
                                 allow_untracked=True)
     trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, use_distributed_sampler=False,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[SaveParams(folder)])
+                      callbacks=[SaveParams(folder), ReleaseGroupAtTeardown()])
     trainer.fit(module, datamodule=SlicedBatches())
 
 

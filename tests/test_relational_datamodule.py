@@ -247,6 +247,7 @@ def test_ddp_slices_union_is_the_single_process_batch():
 _DDP_SCRIPT = """
 import json, sys, torch
 import pytorch_lightning as pl
+from ddp_helpers import ReleaseGroupAtTeardown
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
 
@@ -268,7 +269,7 @@ if __name__ == "__main__":
                               sampling_seed=7, steps_per_epoch=4)
     pl.Trainer(max_epochs=1, accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_checkpointing=False,
                enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-               num_sanity_val_steps=0).fit(Rec(sys.argv[1]), datamodule=dm)
+               num_sanity_val_steps=0, callbacks=[ReleaseGroupAtTeardown()]).fit(Rec(sys.argv[1]), datamodule=dm)
 """
 
 
