@@ -2,7 +2,9 @@
 
 Rows: the majority class; the noise-free ensemble's student (ε = ∞); provable DP-GPL at ε ∈ {1, 2, 4} (δ = 1e-5,
 σ₁ = σ₂ calibrated to ε for Q = 200, data-independent), and with the budget filter (answering stops after A answers,
-A vote releases charged: ρ = Q/(2σ₁²) + A/σ₂²); DP-SGD prompt tuning at equal ε on the same labelled nodes. The
+A vote releases charged: ρ = Q/(2σ₁²) + A/σ₂²); DP-SGD prompt tuning at equal ε on the same labelled nodes. ``dp_gpl_groups``: the 200 queries grouped
+by k public clusters, one GNMax vote per teacher per group (no threshold, k vote releases), every public training node of
+an answered cluster labelled for the student (``query_groups``; k chosen on seed 0 with ``--develop-groups``). The
 teachers are tuned once per seed and their votes reused across ε (the votes are not released; each ε is its own run).
 The threshold T per ε was chosen on seed 0's public validation nodes (``--develop``), never on a test node or an
 evaluation seed. Last iterate everywhere.
@@ -10,6 +12,7 @@ evaluation seed. Last iterate everywhere.
     python benchmarks/dp_gpl.py              # WordNet nouns (10k-synset subset), 3 seeds (≈ 6 min on 2 cores, embeddings cached)
     python benchmarks/dp_gpl.py --develop    # the threshold sweep on seed 0 (validation accuracy)
     python benchmarks/dp_gpl.py --develop-filter   # T, A and σ₁/σ₂ of the budget filter on seed 0
+    python benchmarks/dp_gpl.py --develop-groups   # k of the query groups on seed 0
     python benchmarks/dp_gpl.py --quick      # 1 seed, ε ∈ {1, 4}
 """
 
@@ -46,12 +49,15 @@ def _trainer() -> pl.Trainer:
 
 #: (T, A, σ₁/σ₂) per ε for the budget filter (answering stops after A answers), chosen with --develop on seed 0.
 FILTER = {1.0: (0.5, 20, 2.0), 2.0: (0.5, 20, 2.0), 4.0: (0.4, 40, 2.0)}
+#: k (public clusters of the query groups) per ε, chosen with --develop-groups on seed 0.
+GROUPS = {None: 26, 1.0: 13, 2.0: 26, 4.0: 26}
 
 
-def run(source, seed: int, eps: float | None, threshold: float, votes: dict, budget: tuple | None = None) -> dict:
+def run(source, seed: int, eps: float | None, threshold: float | None, votes: dict, budget: tuple | None = None,
+        groups: int | None = None) -> dict:
     """One DP-GPL run (teachers' votes cached per seed); returns val/test accuracy, ε, answered."""
     started = time.monotonic()
-    dm = PromptDataModule(source, partition_seed=seed, seed=0, **SETTINGS)
+    dm = PromptDataModule(source, partition_seed=seed, seed=0, query_groups=groups, **SETTINGS)
     kw = dict(sigma_threshold=0.0, sigma_vote=0.0) if eps is None else dict(target_epsilon=eps)
     if budget is not None:
         kw.update(answer_budget=budget[0], sigma_ratio=budget[1])
@@ -66,10 +72,10 @@ def run(source, seed: int, eps: float | None, threshold: float, votes: dict, bud
     val = trainer.validate(module, dm, verbose=False)[0]["val_acc"]
     test = trainer.test(module, dm, verbose=False)[0]["test_acc"]
     y = dm.data.y[dm.public & dm.data.test_mask]
-    kind = "noise_free" if eps is None else ("dp_gpl" if budget is None else f"dp_gpl_filter")
-    row = dict(kind=kind, target_eps=eps, seed=seed, threshold=threshold, budget=budget,
+    kind = ("noise_free" if eps is None else "dp_gpl" if budget is None else "dp_gpl_filter") + ("_groups" if groups else "")
+    row = dict(kind=kind, target_eps=eps, seed=seed, threshold=threshold, budget=budget, groups=groups,
                val_acc=val, test_acc=test, epsilon=module.epsilon(), answered=module.answers.num_answered,
-               sigma=module.sigmas[0], majority=torch.bincount(y).max().item() / y.numel(), seconds=round(time.monotonic() - started, 1))
+               student_examples=dm.student_batch.size, sigmas=module.sigmas, majority=torch.bincount(y).max().item() / y.numel(), seconds=round(time.monotonic() - started, 1))
     print(json.dumps(row, default=str), flush=True)
     return row
 
@@ -112,6 +118,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--develop", action="store_true")
     parser.add_argument("--develop-filter", action="store_true")
+    parser.add_argument("--develop-groups", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=10_000)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dp_gpl"))
@@ -140,11 +147,21 @@ def main() -> None:
             best = max((r for r in rows if r["target_eps"] == eps), key=lambda r: r["val_acc"])
             print(f"ε = {eps:g}: T = {best['threshold']}, (A, σ₁/σ₂) = {best['budget']} (val {best['val_acc']:.4f})", flush=True)
         return
+    if args.develop_groups:
+        for eps in (None, 1.0, 2.0, 4.0):
+            for k in (13, 26, 52):
+                rows.append(run(source, 0, eps, None, votes, groups=k))
+            best = max((r for r in rows if r["target_eps"] == eps), key=lambda r: r["val_acc"])
+            print(f"ε = {eps}: k = {best['groups']} (val {best['val_acc']:.4f})", flush=True)
+        Path(args.out + "_develop_groups.json").write_text(json.dumps(rows, indent=1, default=str))
+        return
     epsilons = (1.0, 4.0) if args.quick else (1.0, 2.0, 4.0)
     for seed in range(1, 2 if args.quick else args.seeds + 1):
         rows.append(run(source, seed, None, 0.3, votes))
         rows += [run(source, seed, eps, THRESHOLD[eps], votes) for eps in epsilons]
         rows += [run(source, seed, eps, FILTER[eps][0], votes, FILTER[eps][1:]) for eps in epsilons]
+        rows.append(run(source, seed, None, None, votes, groups=GROUPS[None]))
+        rows += [run(source, seed, eps, None, votes, groups=GROUPS[eps]) for eps in epsilons]
         rows += [r for r in (dpsgd(source, seed, eps) for eps in epsilons) if r is not None]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,8 @@ def _excluding_datamodule():
     return ExcludingDataModule
 
 
-def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries: int, seed: int = 0) -> dict:
+def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries: int, seed: int = 0,
+                   groups: int | None = None) -> dict:
     import pytorch_lightning as pl
 
     from lightning_dprel.audit.lira import dp_tpr_check, lira_scores, logit_confidence_from_logits, roc_summary
@@ -118,10 +119,10 @@ def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries:
             member = torch.rand(cand.numel(), generator=gen) < 0.5
             removed = torch.zeros(data.num_nodes, dtype=torch.bool)
             removed[cand[~member]] = True
-            dm = dm_cls(source, num_teachers=teachers, num_queries=queries, removed=removed)
+            dm = dm_cls(source, num_teachers=teachers, num_queries=queries, removed=removed, query_groups=groups)
             kw = (dict(sigma_threshold=0.0, sigma_vote=0.0) if math.isinf(epsilon) else dict(target_epsilon=epsilon))
-            module = DPGPLModule(hidden_dim=64, pretrain_epochs=100, teacher_epochs=100, threshold=0.3, delta=DELTA,
-                                 seed=seed, **kw)
+            module = DPGPLModule(hidden_dim=64, pretrain_epochs=100, teacher_epochs=100, delta=DELTA, seed=seed,
+                                 threshold=0.3 if groups is None else None, **kw)
             trainer = pl.Trainer(max_epochs=50, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                  enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
             trainer.fit(module, dm)
@@ -148,7 +149,7 @@ def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries:
     target_phi, is_member, ins, outs = target_phi[ok], is_member[ok], ins[ok], outs[ok]
     scores = lira_scores(target_phi, ins, outs)
     roc = roc_summary(scores, is_member)
-    out = {"epsilon_target": epsilon, "epsilon_proven": proven, "runs": k_runs, "candidates": m, "pairs": int(scores.numel()),
+    out = {"epsilon_target": epsilon, "epsilon_proven": proven, "query_groups": groups, "runs": k_runs, "candidates": m, "pairs": int(scores.numel()),
            "members": int(is_member.sum()),
            "teachers": teachers, "queries": queries, "answered_mean": sum(answered) / len(answered),
            "test_acc_mean": sum(accs) / len(accs), "auc": roc.auc, "fprs": list(roc.fprs), "tprs": list(roc.tprs),
@@ -157,6 +158,31 @@ def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries:
         check = dp_tpr_check(scores, is_member, proven, DELTA)
         out["dp_check"] = check.to_dict()
     return out
+
+
+def _student_table(b_rows: list[dict], runs: int, b_src, groups: int | None = None) -> list[str]:
+    how = ("T = 0.3·N, σ₁ = σ₂ calibrated to ε" if groups is None else
+           f"{groups} query groups (public clusters), GNMax without a threshold, σ₂ calibrated to ε; the student learns on "
+           "every public training node of an answered cluster; \"answered\" counts groups")
+    lines = ["", f"## (b) LiRA on the released DP-GPL student ({runs} DP-GPL runs per ε, leave-one-out)", "",
+              f"`DPGPLModule` (provable, secret partition and noise), {b_src!r}, N = 20 teachers, Q = 50, {how}; "
+              "every private node IN with probability 1/2 per run (removed otherwise); "
+              "φ = the student's confidence on the node's own example. Check: TPR⁻ ≤ e^ε·FPR⁺ + δ (Clopper–Pearson, "
+              "95 % over all four intervals). ε = ∞: the noise-free ensemble (a control; no bound to check).", "",
+              "| ε (proven) | runs | pairs (members) | answered / Q | student test acc. | AUC | TPR @ 1 % (FPR) | bound e^ε·FPR⁺+δ | TPR @ 0.1 % (FPR) | bound | audited ε_lb | ≤ proven? | s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in b_rows:
+        chk = r.get("dp_check")
+        eps = "∞ (no noise)" if math.isinf(r["epsilon_proven"]) else f"{r['epsilon_proven']:.3f}"
+        if chk:
+            c1, c2 = chk["checks"]
+            cells = (f"{_pct(c1['tpr'], 2)} ({_pct(c1['fpr'], 2)}) | {c1['bound']:.3f} | {_pct(c2['tpr'], 2)} ({_pct(c2['fpr'], 2)}) | "
+                     f"{c2['bound']:.4f} | {chk['epsilon_lb']:.3f} | {'yes' if chk['passed'] and chk['epsilon_lb'] <= r['epsilon_proven'] else '**VIOLATION**'}")
+        else:
+            cells = f"{_pct(r['tprs'][0], 2)} | — | {_pct(r['tprs'][1], 2)} | — | — | —"
+        lines.append(f"| {eps} | {r['runs']} | {r['pairs']} ({r['members']}) | {r['answered_mean']:.1f} / {r['queries']} | "
+                     f"{r['test_acc_mean']:.3f} | {r['auc']:.3f} | {cells} | {r['seconds']:.0f} |")
+    return lines
 
 
 # --- (c) the white-box vote audit ----------------------------------------------------------------------------------
@@ -175,6 +201,8 @@ def vote_audit(epsilon: float, *, trials: int, teachers: int = 250, classes: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few shadows, runs and trials (about two minutes)")
+    parser.add_argument("--student-groups", type=int, default=None, metavar="K",
+                        help="only (b), with K query groups (GNMax, ε = 1 and 4); writes dp_gpl_attack_groups")
     parser.add_argument("--out", default=None, help="default benchmarks/results/dp_gpl_attack (quick: print only)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -186,6 +214,22 @@ def main() -> int:
     trials = 200_000 if q else 2_000_000
     out = Path(args.out) if args.out else (None if q else Path("benchmarks/results/dp_gpl_attack"))
     violation = False
+    if args.student_groups is not None:
+        b_src = SyntheticNodes(600, 4, dim=16, feature_noise=1.5, seed=0)
+        b_rows = [student_attack(b_src, epsilon=e, runs=runs, teachers=20, queries=50, groups=args.student_groups)
+                  for e in (1.0, 4.0)]
+        for r in b_rows:
+            chk = r["dp_check"]
+            violation |= (not chk["passed"]) or chk["epsilon_lb"] > r["epsilon_proven"]
+        lines = [f"# DP-GPL student attack, query groups{' (quick)' if q else ''}", "",
+                 f"`python benchmarks/dp_gpl_attack.py --student-groups {args.student_groups}" + (" --quick" if q else "") +
+                 "`, CPU, 1 thread; δ = 1e-5.", *_student_table(b_rows, runs, b_src, args.student_groups)]
+        print("\n".join(lines))
+        if not q:
+            dest = Path("benchmarks/results/dp_gpl_attack_groups")
+            dest.with_suffix(".md").write_text("\n".join(lines) + "\n")
+            dest.with_suffix(".json").write_text(json.dumps({"delta": DELTA, "student": b_rows}, indent=2, default=str) + "\n")
+        return 3 if violation else 0
 
     print("(a) LiRA on non-private 5-shot prompts", flush=True)
     a_rows = []
@@ -233,24 +277,7 @@ def main() -> int:
                      f"{r['member_accuracy']:.2f} / {r['non_member_accuracy']:.2f} | {r['auc']:.3f} | {_pct(r['tprs'][0])} | "
                      f"{_pct(r['tprs'][1])} | {'yes' if met else '**no**'} | {fv['auc']:.3f}, {_pct(fv['tprs'][0])}, "
                      f"{_pct(fv['tprs'][1])} | {r['seconds']:.0f} |")
-    lines += ["", f"## (b) LiRA on the released DP-GPL student ({runs} DP-GPL runs per ε, leave-one-out)", "",
-              f"`DPGPLModule` (provable, secret partition and noise), {b_src!r}, N = 20 teachers, Q = 50, T = 0.3·N, "
-              "σ₁ = σ₂ calibrated to ε; every private node IN with probability 1/2 per run (removed otherwise); "
-              "φ = the student's confidence on the node's own example. Check: TPR⁻ ≤ e^ε·FPR⁺ + δ (Clopper–Pearson, "
-              "95 % over all four intervals). ε = ∞: the noise-free ensemble (a control; no bound to check).", "",
-              "| ε (proven) | runs | pairs (members) | answered / Q | student test acc. | AUC | TPR @ 1 % (FPR) | bound e^ε·FPR⁺+δ | TPR @ 0.1 % (FPR) | bound | audited ε_lb | ≤ proven? | s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in b_rows:
-        chk = r.get("dp_check")
-        eps = "∞ (no noise)" if math.isinf(r["epsilon_proven"]) else f"{r['epsilon_proven']:.3f}"
-        if chk:
-            c1, c2 = chk["checks"]
-            cells = (f"{_pct(c1['tpr'], 2)} ({_pct(c1['fpr'], 2)}) | {c1['bound']:.3f} | {_pct(c2['tpr'], 2)} ({_pct(c2['fpr'], 2)}) | "
-                     f"{c2['bound']:.4f} | {chk['epsilon_lb']:.3f} | {'yes' if chk['passed'] and chk['epsilon_lb'] <= r['epsilon_proven'] else '**VIOLATION**'}")
-        else:
-            cells = f"{_pct(r['tprs'][0], 2)} | — | {_pct(r['tprs'][1], 2)} | — | — | —"
-        lines.append(f"| {eps} | {r['runs']} | {r['pairs']} ({r['members']}) | {r['answered_mean']:.1f} / {r['queries']} | "
-                     f"{r['test_acc_mean']:.3f} | {r['auc']:.3f} | {cells} | {r['seconds']:.0f} |")
+    lines += _student_table(b_rows, runs, b_src)
     lines += ["", f"## (c) White-box audit of the votes (Confident-GNMax, worst-case neighbours, {trials:,} trials per world)", "",
               "N = 250 teachers, C = 26 classes, T = 0.3·N = 75, σ₁ = σ₂ = σ(ε, Q = 200, δ = 1e-5); one query: "
               "audited ε lower bound (95 %) vs the proven ε of one query (ledger, δ = 1e-5).", "",

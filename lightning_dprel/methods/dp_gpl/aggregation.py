@@ -16,7 +16,7 @@ from torch import Tensor
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.randomness import KeyedStream
 
-__all__ = ["vote_histogram", "Answers", "confident_gnmax", "pate_releases"]
+__all__ = ["vote_histogram", "Answers", "confident_gnmax", "gnmax", "pate_releases"]
 
 
 def vote_histogram(votes: Tensor, num_classes: int) -> Tensor:
@@ -64,15 +64,29 @@ def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float,
     return Answers(answered, labels)
 
 
-def pate_releases(*, sigma_threshold: float, sigma_vote: float, queries: int, answer_slots: int | None = None,
+def gnmax(counts: Tensor, *, sigma_vote: float, stream: KeyedStream) -> Answers:
+    """GNMax on vote counts [Q, C] (Papernot et al. 2018, Sec. 4.1): every query answered with argmax_m (c_m + N(0, σ²))."""
+    if counts.dim() != 2 or counts.shape[1] < 2:
+        raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
+    if not sigma_vote > 0:
+        raise ValueError(f"The vote noise must be > 0, got σ₂ = {sigma_vote}.")
+    if not isinstance(stream, KeyedStream):
+        raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
+    q, c = counts.shape
+    noisy = counts.to(torch.float64) + stream.normal(q * c, float(sigma_vote), dtype=torch.float64).view(q, c)
+    return Answers(torch.ones(q, dtype=torch.bool), noisy.argmax(dim=1))
+
+
+def pate_releases(*, sigma_threshold: float | None, sigma_vote: float, queries: int, answer_slots: int | None = None,
                   unit: str = "labelled_node") -> tuple[GaussianRelease, ...]:
     """The data-independent charge of ``queries`` Confident-GNMax queries: Gaussian releases of sensitivity C = 1
     (the max count, σ₁) on every query and C = √2 (the histogram, σ₂ → multiplier σ₂/√2) on every answer slot: all
     ``queries`` by default; ``answer_slots`` = A fixed before the run when answering stops after A answers. A filter over
     Gaussian mechanisms, whose costs α·ρ are fixed in advance and sum to at most ρ_B, is ρ_B-zCDP (Feldman & Zrnic 2021,
-    RDP filter at every order), so the A slots are charged whether or not they are used."""
+    RDP filter at every order), so the A slots are charged whether or not they are used. ``sigma_threshold=None``:
+    :func:`gnmax` (no threshold), only the vote releases."""
     slots = int(queries) if answer_slots is None else min(int(answer_slots), int(queries))
     if slots < 1:
         raise ValueError(f"`answer_slots` must be >= 1, got {answer_slots}.")
-    return (GaussianRelease(float(sigma_threshold), unit, int(queries)),
-            GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, slots))
+    vote = GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, slots)
+    return (vote,) if sigma_threshold is None else (GaussianRelease(float(sigma_threshold), unit, int(queries)), vote)

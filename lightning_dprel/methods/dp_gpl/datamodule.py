@@ -5,7 +5,9 @@ public or private by a public hash of their stable ids (``public_fraction``). **
 teacher ⌊N·u(id_v)⌋, u a secret keyed PRF of its id (:func:`~lightning_dprel.datamodules.graph_splits.keyed_split`), so
 removing v moves no other node; v is seen through G[V_pub ∪ {v}] only (``view="public"``, :mod:`.egonets`), so it
 reaches exactly one teacher and no query. ``view="full"`` (paper-faithful) runs every example on the whole graph G.
-Queries (Q public training nodes, by a public hash), the student, validation and test run on G_pub.
+Queries (Q public training nodes, by a public hash), the student, validation and test run on G_pub. With
+``query_groups`` = k the queries are grouped by public clusters (:mod:`.query_groups`): the teachers vote once per group
+and an answered group labels every public training node of its cluster for the student.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from lightning_dprel.core.specs import LABELLED_NODE
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
 from lightning_dprel.datamodules.graph_splits import keyed_split, public_id_uniforms
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch, EgoNets
+from lightning_dprel.methods.dp_gpl.query_groups import public_clusters
 
 __all__ = ["PromptDataModule", "VIEWS"]
 
@@ -41,7 +44,11 @@ class PromptDataModule(LightningDataModule):
         public_fraction: share of nodes that are public (by a public hash of their ids).
         view: ``"public"`` (provable) or ``"full"`` (paper-faithful; a private node reaches many teachers and queries).
         hops, fanout: each example's neighbourhood (the GNN's layers; neighbours kept per node, public-hash order).
-        seed: the public halves, queries and fanout order.
+        query_groups: None (the paper: one vote per query, the student learns on the answered queries) or k: the
+            public training nodes are clustered into k groups (k-means on their features, public data only); teachers
+            vote once per group that holds a query, and an answered group labels all public training nodes of its
+            cluster.
+        seed: the public halves, queries, clusters and fanout order.
         partition_seed: None (default): the teacher partition is keyed by a secret stream; an int makes it
             reproducible (tests and experiments; the guarantee assumes the partition is secret).
     """
@@ -49,8 +56,8 @@ class PromptDataModule(LightningDataModule):
     privacy_unit = LABELLED_NODE
 
     def __init__(self, source: NodeSource, *, num_teachers: int = 250, num_queries: int = 200, public_fraction: float = 0.5,
-                 view: str = "public", hops: int = 2, fanout: int | None = 10, seed: int = 0,
-                 partition_seed: int | None = None) -> None:
+                 view: str = "public", hops: int = 2, fanout: int | None = 10, query_groups: int | None = None,
+                 seed: int = 0, partition_seed: int | None = None) -> None:
         super().__init__()
         if not isinstance(source, NodeSource):
             raise TypeError(f"`source` must be a NodeSource, got {type(source).__name__}.")
@@ -59,10 +66,13 @@ class PromptDataModule(LightningDataModule):
         for name, v in (("num_teachers", num_teachers), ("num_queries", num_queries)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"`{name}` must be an int >= 1, got {v!r}.")
+        if query_groups is not None and (isinstance(query_groups, bool) or not isinstance(query_groups, int) or query_groups < 1):
+            raise ValueError(f"`query_groups` must be None or an int >= 1, got {query_groups!r}.")
         if not 0.0 < public_fraction < 1.0:
             raise ValueError(f"`public_fraction` must be in (0, 1), got {public_fraction}.")
         self.source, self.num_teachers, self.num_queries = source, num_teachers, num_queries
         self.public_fraction, self.view, self.hops, self.fanout, self.seed = public_fraction, view, hops, fanout, seed
+        self.query_groups = query_groups
         self.partition = KeyedStream("dp-gpl/partition", seed=partition_seed, _warn=partition_seed is not None)
         self.data = None
         self.student_batch: EgoBatch | None = None
@@ -83,6 +93,13 @@ class PromptDataModule(LightningDataModule):
         if pool.numel() < self.num_queries:
             raise ValueError(f"Only {pool.numel()} public training nodes for {self.num_queries} queries.")
         self.queries = pool[rank[: self.num_queries]]
+        if self.query_groups is not None:
+            if self.query_groups > pool.numel():
+                raise ValueError(f"`query_groups` = {self.query_groups} exceeds the {pool.numel()} public training nodes.")
+            cluster = torch.full((data.num_nodes,), -1, dtype=torch.long)
+            cluster[pool] = public_clusters(data.x[pool], self.query_groups, seed=self.seed)
+            self.groups, self.query_group = torch.unique(cluster[self.queries], return_inverse=True)  # groups with a query
+            self.pool, self.cluster = pool, cluster
         nets = dict(hops=self.hops, fanout=self.fanout, seed=self.seed)
         self.public_nets = EgoNets(data.edge_index, data.num_nodes, ids, visible=self.public, **nets)
         self.teacher_nets = self.public_nets if self.view == "public" else EgoNets(data.edge_index, data.num_nodes, ids, visible=None, **nets)
@@ -91,6 +108,11 @@ class PromptDataModule(LightningDataModule):
     @property
     def num_classes(self) -> int:
         return int(self.data.num_classes)
+
+    @property
+    def num_vote_queries(self) -> int:
+        """What the teachers vote on and the ledger charges: the Q queries, or the groups holding one."""
+        return self.num_queries if self.query_groups is None else int(self.groups.numel())
 
     @property
     def num_features(self) -> int:
@@ -123,9 +145,16 @@ class PromptDataModule(LightningDataModule):
 
     # --- the student's data (answered queries, set once the votes are released) ------------------------
     def set_answers(self, answered: torch.Tensor, labels: torch.Tensor) -> None:
-        q = self.query_examples("public")  # the student learns on G_pub whatever the teachers' view
-        idx = answered.nonzero().view(-1)
-        self.student_batch, self.student_labels = q.select(idx), labels[idx]
+        """The student's examples (on G_pub whatever the teachers' view): the answered queries, or with ``query_groups``
+        every public training node whose cluster's group was answered, with that group's label."""
+        if self.query_groups is None:
+            idx = answered.nonzero().view(-1)
+            self.student_batch, self.student_labels = self.query_examples("public").select(idx), labels[idx]
+            return
+        label_of = torch.full((self.query_groups,), -1, dtype=torch.long)
+        label_of[self.groups[answered]] = labels[answered]
+        nodes = self.pool[label_of[self.cluster[self.pool]] >= 0]
+        self.student_batch, self.student_labels = self.public_nets.batch(nodes), label_of[self.cluster[nodes]]
 
     def train_dataloader(self) -> DataLoader:
         if self.student_batch is None:

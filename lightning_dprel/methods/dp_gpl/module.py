@@ -5,8 +5,10 @@ Modes (the spec's "provable variant" is the default): ``mode="provable"`` charge
 holds for ``view="public"`` (one node reaches one teacher); with ``answer_budget`` = A (fixed beforehand) answering stops
 after A answers and the ledger charges Q threshold releases and A vote releases (a filter: Feldman & Zrnic 2021). ``mode="paper"`` also computes the published data-dependent
 ε (PATE 2018 analysis), which is itself a function of the private votes: it is kept apart and warned about, never
-released as the run's ε. ``view="full"`` (the datamodule's paper-faithful view) voids the bound: ε = ∞. ``sigma=0``
-(``sigma_threshold = sigma_vote = 0``) is the noise-free ensemble (clean argmax on every query, ε = ∞).
+released as the run's ε. ``threshold=None`` answers every vote query by GNMax (no threshold release; with the
+datamodule's ``query_groups`` the teachers vote once per group of queries). ``view="full"`` (the datamodule's
+paper-faithful view) voids the bound: ε = ∞. ``sigma_threshold = sigma_vote = 0`` is the noise-free ensemble (clean
+argmax on every query, ε = ∞).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, pate_releases, vote_histogram
+from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, gnmax, pate_releases, vote_histogram
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
+from lightning_dprel.methods.dp_gpl.query_groups import group_votes
 from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig, train_teachers_and_vote
 
 __all__ = ["DPGPLModule", "DP_GPL_PAPER_WARNING"]
@@ -45,7 +48,8 @@ class DPGPLModule(LightningModule):
     Args:
         hidden_dim, conv, pretraining, pretrain_epochs, pretrain_lr: Φ and its public pre-training.
         prompt, num_basis, teacher_epochs, teacher_lr, lr: prompt kind; teachers' tuning; the student's Adam lr.
-        threshold: T as a fraction of the N teachers (Confident-GNMax answers iff noisy max count ≥ T·N).
+        threshold: T as a fraction of the N teachers (Confident-GNMax answers iff noisy max count ≥ T·N); None: GNMax,
+            every vote query answered and only its vote release charged (σ₁ unused).
         sigma_threshold, sigma_vote: σ₁, σ₂ (both 0: the noise-free ensemble); ignored when ``target_epsilon`` is set.
         target_epsilon: calibrate σ so that Q queries cost exactly this ε at ``delta`` (data-independent): σ₁ = σ₂ by
             default; with ``answer_budget`` = A, σ₁ = ``sigma_ratio``·σ₂ and ρ = Q/(2σ₁²) + A/σ₂².
@@ -62,15 +66,18 @@ class DPGPLModule(LightningModule):
 
     def __init__(self, *, hidden_dim: int = 128, conv: str = "gcn", pretraining: str = "dgi", pretrain_epochs: int = 100,
                  pretrain_lr: float = 1e-3, prompt: str = "gpf_plus", num_basis: int = 5, teacher_epochs: int = 100,
-                 teacher_lr: float = 0.05, lr: float = 0.01, threshold: float = 0.3, sigma_threshold: float = 40.0,
+                 teacher_lr: float = 0.05, lr: float = 0.01, threshold: float | None = 0.3, sigma_threshold: float = 40.0,
                  sigma_vote: float = 40.0, target_epsilon: float | None = None, delta: float = 1e-5, mode: str = "provable",
                  answer_budget: int | None = None, sigma_ratio: float = 1.0, teacher_chunk: int = 25, seed: int = 0,
                  noise_seed: int | None = None) -> None:
         super().__init__()
         if mode not in ("provable", "paper"):
             raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
-        if not 0.0 < threshold <= 1.0:
-            raise ValueError(f"`threshold` is a fraction of the teachers in (0, 1], got {threshold}.")
+        if threshold is not None and not 0.0 < threshold <= 1.0:
+            raise ValueError(f"`threshold` is None or a fraction of the teachers in (0, 1], got {threshold}.")
+        if threshold is None and (answer_budget is not None or mode == "paper"):
+            raise ValueError("`threshold=None` (GNMax, every query answered) takes no `answer_budget`, and the paper's "
+                             "data-dependent analysis is of Confident-GNMax: give a threshold.")
         if (sigma_threshold == 0) != (sigma_vote == 0) or sigma_threshold < 0 or sigma_vote < 0:
             raise ValueError("`sigma_threshold` and `sigma_vote` must both be > 0 (private) or both 0 (noise-free).")
         if target_epsilon is not None and not (target_epsilon > 0 and math.isfinite(target_epsilon)):
@@ -92,6 +99,7 @@ class DPGPLModule(LightningModule):
         self.view = "public"
         self.dims: dict[str, int] | None = None
         self.query_ids: torch.Tensor | None = None  # stable ids of the queries the answers belong to
+        self.query_groups: int | None = None  # the datamodule's: answers are per group of queries
         self.val_acc, self.test_acc = MulticlassAccuracy(2), MulticlassAccuracy(2)  # resized in setup
 
     # --- Φ and the student ------------------------------------------------------------------------------
@@ -122,7 +130,8 @@ class DPGPLModule(LightningModule):
         if answers is not None:
             answers["queries"] = self.query_ids
         checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict(), "answers": answers, "dims": self.dims,
-                                         "view": self.view}  # never the paper mode's data-dependent ε: it is private
+                                         "view": self.view, "query_groups": self.query_groups}
+        # never the paper mode's data-dependent ε: it is private
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["lightning_dprel"]
@@ -131,7 +140,7 @@ class DPGPLModule(LightningModule):
         if state["answers"] is not None:
             self.answers = Answers(state["answers"]["answered"], state["answers"]["labels"])
             self.query_ids = state["answers"].get("queries")
-        self.view = state["view"]
+        self.view, self.query_groups = state["view"], state.get("query_groups")
 
     def export(self, folder: str | Path) -> Path:
         """Write what is released: the student prompt and head with Φ (``weights.safetensors``), ``model.json``,
@@ -155,11 +164,14 @@ class DPGPLModule(LightningModule):
 
     # --- the private part: teachers, votes, Confident-GNMax, the ledger ---------------------------------
     @property
-    def sigmas(self) -> tuple[float, float]:
+    def sigmas(self) -> tuple[float | None, float]:
+        """(σ₁, σ₂); σ₁ is None without a threshold."""
         hp = self.hparams
         if hp.target_epsilon is None:
-            return float(hp.sigma_threshold), float(hp.sigma_vote)
-        queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_queries
+            return (None if hp.threshold is None else float(hp.sigma_threshold)), float(hp.sigma_vote)
+        queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_vote_queries
+        if hp.threshold is None:  # only vote releases: ρ = Q/σ₂²
+            return None, math.sqrt(queries / (1.5 / float(sigma_for_epsilon(hp.target_epsilon, hp.delta, 1)) ** 2))
         if hp.answer_budget is None or hp.answer_budget >= queries:
             s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, int(queries)))
             return s, s
@@ -178,11 +190,18 @@ class DPGPLModule(LightningModule):
     def on_fit_start(self) -> None:
         dm = self.trainer.datamodule
         if self.answers is None:  # the queries are answered once per model: a second fit never re-queries
-            counts = vote_histogram(self.vote(dm), dm.num_classes)
+            votes = self.vote(dm)
+            if dm.query_groups is not None:
+                votes = group_votes(votes, dm.query_group, dm.num_vote_queries, dm.num_classes)
+            counts = vote_histogram(votes, dm.num_classes)
             s1, s2 = self.sigmas
-            if s1 == 0:
+            if s2 == 0:
                 q = counts.shape[0]
                 self.answers = Answers(torch.ones(q, dtype=torch.bool), counts.argmax(1))
+            elif s1 is None:
+                self.answers = gnmax(counts, sigma_vote=s2, stream=self.noise_source)
+                for event in pate_releases(sigma_threshold=None, sigma_vote=s2, queries=counts.shape[0]):
+                    self.privacy_ledger.charge(event)
             else:
                 T = self.hparams.threshold * dm.num_teachers
                 budget = self.hparams.answer_budget
@@ -194,8 +213,8 @@ class DPGPLModule(LightningModule):
                     self._paper_claim(counts, T, s1, s2)
         ids = dm.data.node_id[dm.queries]
         if self.query_ids is None:
-            self.query_ids = ids
-        elif not torch.equal(self.query_ids, ids):
+            self.query_ids, self.query_groups = ids, dm.query_groups
+        elif not torch.equal(self.query_ids, ids) or self.query_groups != dm.query_groups:
             raise ValueError("This model's released answers belong to other queries than this datamodule's; a second fit "
                              "must use the same PromptDataModule settings (its queries are answered once per model).")
         dm.set_answers(self.answers.answered, self.answers.labels)
@@ -243,7 +262,8 @@ class DPGPLModule(LightningModule):
         s1, s2 = self.sigmas
         eps = self.epsilon()
         return {"epsilon": eps if math.isfinite(eps) else "inf", "delta": self.hparams.delta,
-                "privacy_unit": str(PromptDataModule.privacy_unit), "mechanism": "Confident-GNMax, data-independent",
+                "privacy_unit": str(PromptDataModule.privacy_unit), "mechanism": f"{self._mechanism}, data-independent",
+                "query_groups": self.query_groups,
                 "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
                 "answered": self.answers.num_answered if self.answers is not None else 0,
                 "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
@@ -263,6 +283,11 @@ class DPGPLModule(LightningModule):
         if math.isinf(eps):
             why = "full-graph view: one node reaches many teachers" if self.view == "full" else "noise-free votes"
             return {"text": f"epsilon = inf ({why}); {r['answered']} of {r['queries']} queries answered"}
-        return {"text": f"epsilon = {eps:.4f} (delta = {self.hparams.delta:.3g}, unit: labelled node), {r['queries']} queries "
-                        f"({r['answered']} answered), sigma_threshold = {r['sigma_threshold']:.4g}, sigma_vote = "
-                        f"{r['sigma_vote']:.4g}, accounting: Confident-GNMax, data-independent"}
+        gate = "" if r["sigma_threshold"] is None else f"sigma_threshold = {r['sigma_threshold']:.4g}, "
+        return {"text": f"epsilon = {eps:.4f} (delta = {self.hparams.delta:.3g}, unit: labelled node), {r['queries']} "
+                        f"{'queries' if self.query_groups is None else 'query groups'} ({r['answered']} answered), {gate}"
+                        f"sigma_vote = {r['sigma_vote']:.4g}, accounting: {self._mechanism}, data-independent"}
+
+    @property
+    def _mechanism(self) -> str:
+        return "GNMax" if self.hparams.threshold is None else "Confident-GNMax"
