@@ -180,7 +180,8 @@ def export_main(argv: Sequence[str] | None = None) -> Path:
 
     import torch
 
-    if "dims" in (torch.load(args.ckpt_path, map_location="cpu", weights_only=False).get("lightning_dprel") or {}):
+    sniff = torch.load(args.ckpt_path, map_location="cpu", weights_only=False, mmap=True)  # mmap: tensors not read
+    if "dims" in (sniff.get("lightning_dprel") or {}):
         out = DPGPLModule.load_from_checkpoint(args.ckpt_path, map_location="cpu").export(args.out)  # PATE: the student only
         print(f"exported {args.ckpt_path} to {out}: epsilon = {json.loads((out / 'privacy.json').read_text())['epsilon']}", flush=True)
         return out

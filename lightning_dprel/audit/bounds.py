@@ -166,6 +166,13 @@ def one_run_audit(
     )
 
 
+def epsilon_lower_bound(tpr_lower: float, fpr_upper: float, delta: float) -> float:
+    """ε ≥ log((TPR⁻ − δ)/FPR⁺) from (ε, δ)-DP's TPR ≤ e^ε·FPR + δ (Jagielski et al. 2020); 0 when it says nothing."""
+    if tpr_lower <= delta:
+        return 0.0
+    return max(0.0, math.log((tpr_lower - delta) / fpr_upper))
+
+
 def clopper_pearson(successes: Any, trials: int, significance: float, side: str) -> np.ndarray:
     """One-sided Clopper–Pearson bound on a binomial proportion (``side`` "upper" or "lower")."""
     k = np.asarray(successes, dtype=np.float64)

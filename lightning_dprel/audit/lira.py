@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_auroc, binary_roc
 
-from lightning_dprel.audit.bounds import _check_delta, clopper_pearson
+from lightning_dprel.audit.bounds import _check_delta, clopper_pearson, epsilon_lower_bound
 
 __all__ = [
     "DPCheck",
@@ -211,6 +211,6 @@ def dp_tpr_check(scores: Any, is_member: Any, epsilon: float, delta: float, fprs
         tp, fp = n1 - int(np.searchsorted(ins, t, side="left")), n0 - int(np.searchsorted(outs, t, side="left"))
         lo, hi = float(clopper_pearson(tp, n1, sig, "lower")), float(clopper_pearson(fp, n0, sig, "upper"))
         bound = math.exp(epsilon) * hi + delta
-        eps_lb = max(0.0, math.log((lo - delta) / hi)) if lo > delta else 0.0
+        eps_lb = epsilon_lower_bound(lo, hi, delta)
         checks.append(TprCheck(f, t, tp / n1, fp / n0, lo, hi, bound, lo <= bound, eps_lb))
     return DPCheck(float(epsilon), delta, float(significance), tuple(checks), max(c.epsilon_lb for c in checks))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lightning_dprel.audit.bounds import _check_confidence, _check_delta, clopper_pearson
+from lightning_dprel.audit.bounds import _check_confidence, _check_delta, clopper_pearson, epsilon_lower_bound
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.dp_gpl.aggregation import confident_gnmax, pate_releases
@@ -101,7 +101,7 @@ def _best(k1: torch.Tensor, k0: torch.Tensor, n: int, sig: float, delta: float) 
     for d, (x, y) in enumerate(((e1, e0), (e0, e1))):
         lo, hi = clopper_pearson(x, n, sig, "lower"), clopper_pearson(y, n, sig, "upper")
         for i in range(len(_EVENTS)):
-            eps = math.log((lo[i] - delta) / hi[i]) if lo[i] > delta else 0.0
+            eps = epsilon_lower_bound(float(lo[i]), float(hi[i]), delta)
             if eps > best[0]:
                 best = (eps, i, d)
     return best
@@ -146,7 +146,7 @@ def audit_confident_gnmax(num_teachers: int, num_classes: int, threshold: float,
     if direction:
         x, y = y, x
     lo, hi = float(clopper_pearson(x, n, sig, "lower")), float(clopper_pearson(y, n, sig, "upper"))
-    eps = max(0.0, math.log((lo - delta) / hi)) if lo > delta else 0.0
+    eps = epsilon_lower_bound(lo, hi, delta)
     names = [_OUTCOMES[i] for i in mask]
     return PateAudit(
         epsilon=eps, proven_epsilon=_proven_epsilon(sigma_threshold, sigma_vote, delta), confidence=confidence,

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_dprel.audit.canaries import check_int
 from lightning_dprel.audit.lira import RocSummary, lira_scores, logit_confidence_from_logits, roc_summary
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch
 from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig, tune_prompts
@@ -111,12 +112,6 @@ class PromptLiraResult:
                 "non_member_accuracy": self.non_member_accuracy}
 
 
-def _int(name: str, v: Any, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"`{name}` must be an int >= {low}, got {v!r}.")
-    return int(v)
-
-
 def prompt_lira(encoder: nn.Module, x: Tensor, pool: EgoBatch, labels: Tensor, *, shots: int = 5,
                 num_shadows: int = 64, num_targets: int = 20, non_members_per_shot: int = 50,
                 num_candidates: int | None = None, cfg: TuningConfig = TuningConfig(), num_classes: int | None = None,
@@ -140,12 +135,12 @@ def prompt_lira(encoder: nn.Module, x: Tensor, pool: EgoBatch, labels: Tensor, *
         fprs: FPRs at which the TPR is reported.
         seed: candidates, groups, shadow halves, targets' shots and non-members, and every prompt's initialisation.
     """
-    shots = _int("shots", shots, 1)
-    num_shadows = _int("num_shadows", num_shadows, 4)
+    shots = check_int("shots", shots, 1)
+    num_shadows = check_int("num_shadows", num_shadows, 4)
     if num_shadows % 2:
         raise ValueError(f"`num_shadows` must be even (complementary pairs), got {num_shadows}.")
-    num_targets = _int("num_targets", num_targets, 1)
-    non_members_per_shot = _int("non_members_per_shot", non_members_per_shot, 1)
+    num_targets = check_int("num_targets", num_targets, 1)
+    non_members_per_shot = check_int("non_members_per_shot", non_members_per_shot, 1)
     if not isinstance(pool, EgoBatch):
         raise TypeError(f"`pool` must be an EgoBatch, got {type(pool).__name__}.")
     if not (hasattr(encoder, "in_dim") and hasattr(encoder, "out_dim")):
@@ -157,12 +152,12 @@ def prompt_lira(encoder: nn.Module, x: Tensor, pool: EgoBatch, labels: Tensor, *
         raise ValueError(f"`labels` must be integer class ids, one per pool example ({pool.size}), "
                          f"got {tuple(labels.shape)} {labels.dtype}.")
     labels = labels.long()
-    c = int(labels.max()) + 1 if num_classes is None else _int("num_classes", num_classes, 2)
+    c = int(labels.max()) + 1 if num_classes is None else check_int("num_classes", num_classes, 2)
     if c < 2 or int(labels.min()) < 0 or int(labels.max()) >= c:
         raise ValueError(f"`labels` must lie in [0, {c}) with at least 2 classes.")
     block = 2 * shots
     need = (1 + non_members_per_shot) * shots
-    m = need if num_candidates is None else _int("num_candidates", num_candidates, need)
+    m = need if num_candidates is None else check_int("num_candidates", num_candidates, need)
     m = -(-m // block) * block
     if m > pool.size:
         raise ValueError(f"The attack needs {m} candidate nodes (≥ {need}: {shots} members and "

@@ -17,6 +17,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks.callback import Callback
+from pytorch_lightning.utilities import move_data_to_device
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
 from lightning_dprel.core.subspace import GradientSubspace
@@ -118,7 +119,7 @@ def warm_start(module: Any, public: Any, *, steps: int, lr: float, batch_size: i
     device = params[0].device if params else torch.device("cpu")
     with torch.enable_grad():
         for step in range(first_step, first_step + steps):
-            batch = _to(public.sample(batch_size, neg_per_pos=neg_per_pos, step=step, directed=directed), device)
+            batch = move_data_to_device(public.sample(batch_size, neg_per_pos=neg_per_pos, step=step, directed=directed), device)
             opt.zero_grad(set_to_none=True)
             module.public_loss(batch).backward()
             opt.step()
@@ -144,30 +145,34 @@ class PublicGradientSubspace(Callback):
             raise ValueError(f"`num_tuples` ({num_tuples}) must be >= k ({k}): k directions need at least k public gradients.")
         self.k, self.every_n_steps, self.num_tuples = k, every_n_steps, num_tuples
         self.refreshes = 0
+        self._refreshed_at: int | None = None  # the step of the subspace in use (a resume at a refresh step fits once)
 
     def _refresh(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         public = _public(trainer, "PublicGradientSubspace")
         step = int(trainer.global_step)
+        if step == self._refreshed_at:
+            return
         batch = public.sample(self.num_tuples, neg_per_pos=_neg_per_pos(trainer), step=1_000_000 + step,
                               directed=bool(getattr(trainer.datamodule, "directed", True)))
         device = next(pl_module.parameters()).device
-        grads = pl_module.public_tuple_grads(_to(batch, device))
+        grads = pl_module.public_tuple_grads(move_data_to_device(batch, device))
         subspace = GradientSubspace.fit(grads, self.k)
         dp = _dp_optimizer(trainer)
         dp.set_subspace(subspace)
         self.refreshes += 1
+        self._refreshed_at = step
         pl_module.public_data["subspace"] = {"k": self.k, "every_n_steps": self.every_n_steps, "num_tuples": self.num_tuples}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._refresh(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        step = int(trainer.global_step)
-        if step > 0 and step % self.every_n_steps == 0:
+        if int(trainer.global_step) % self.every_n_steps == 0:
             self._refresh(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _dp_optimizer(trainer).set_subspace(None)
+        self._refreshed_at = None
 
 
 def _dp_optimizer(trainer: pl.Trainer) -> Any:
@@ -178,12 +183,3 @@ def _dp_optimizer(trainer: pl.Trainer) -> Any:
         if isinstance(dp, DPOptimizer):
             return dp
     raise ValueError("PublicGradientSubspace needs a module that trains with the library's DPOptimizer.")
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    if device.type == "cpu":
-        return batch
-    from dataclasses import replace
-
-    return replace(batch, **{f: getattr(batch, f).to(device) for f in ("pos", "neg", "neg_anchor", "max_freq", "node_ids", "tuple_nodes")},
-                   node_inputs={k: v.to(device) for k, v in batch.node_inputs.items()})

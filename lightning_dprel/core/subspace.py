@@ -82,7 +82,13 @@ class GradientSubspace:
             )
         if set(grads.names) != set(self.shapes):
             raise ValueError(f"the subspace covers {sorted(self.shapes)}, the gradients {sorted(grads.names)}.")
-        return ProjectedGrads(self.coordinates(flatten({n: grads.grads[n] for n in self.shapes})), self)
+        basis = self.basis.to(device=grads.grads[next(iter(self.shapes))].device)
+        coords = None  # Σ_n g_n·V_n block by block: no [B, P] concatenation on the step's path
+        for name, rows in self._rows():
+            g = grads.grads[name]
+            part = g.reshape(g.shape[0], -1) @ basis[rows].to(g.dtype)
+            coords = part if coords is None else coords + part
+        return ProjectedGrads(coords, self)
 
     def lift(self, coords: Tensor) -> dict[str, Tensor]:
         """V·c split back into the parameters' shapes."""
@@ -90,12 +96,15 @@ class GradientSubspace:
 
     def split(self, flat: Tensor) -> dict[str, Tensor]:
         """A flat ``[P]`` vector as the parameters' shapes."""
-        out, offset = {}, 0
+        return {name: flat[rows].view(self.shapes[name]) for name, rows in self._rows()}
+
+    def _rows(self):
+        """(name, slice of the flat index) per parameter, in order."""
+        offset = 0
         for name, shape in self.shapes.items():
             numel = int(torch.Size(shape).numel())
-            out[name] = flat[offset : offset + numel].view(shape)
+            yield name, slice(offset, offset + numel)
             offset += numel
-        return out
 
 
 class ProjectedGrads(MaterializedGrads):
@@ -131,5 +140,6 @@ def check_projected(grads: TupleGradients, subspace: GradientSubspace | None) ->
         return grads.shapes()
     if subspace is None:
         raise ValueError("Projected coordinates were recorded but this optimizer has no subspace (set_subspace).")
-    subspace.project(grads)  # refuses coordinates of another subspace
+    if grads.subspace is not subspace:
+        raise ValueError("these coordinates were projected on another subspace than the optimizer's current one.")
     return {}

@@ -27,6 +27,7 @@ __all__ = [
     "rdp_threshold_data_dependent",
     "pate_data_dependent_rdp",
     "epsilon_from_rdp",
+    "rho_for_epsilon",
     "sigma_for_epsilon",
 ]
 
@@ -157,21 +158,25 @@ def epsilon_from_rdp(rdp: object, orders: object, delta: float) -> float:
     return rdp_to_epsilon(as_orders(orders), np.asarray(rdp, dtype=float), delta)[0]
 
 
-def sigma_for_epsilon(epsilon: float, delta: float, queries: int, orders: object = None) -> float:
-    """σ = σ₁ = σ₂ with ε(Q·3α/(2σ²), δ) = ``epsilon``: every query answered, data-independent (Prop. 8)."""
+def rho_for_epsilon(epsilon: float, delta: float, orders: object = None) -> float:
+    """ρ with ε(α·ρ, δ) = ``epsilon``: the budget of any composition of Gaussian releases (RDP α·Σ 1/(2σ_i²)·C_i²)."""
     if not (0.0 < float(epsilon) < math.inf):
         raise ValueError(f"`epsilon` must be finite and > 0, got {epsilon!r}.")
-    if _count("queries", queries) < 1:
-        raise ValueError("`queries` must be >= 1.")
     a = as_orders(orders)
 
-    def gap(log_sigma: float) -> float:
-        s = math.exp(log_sigma)
-        return epsilon_from_rdp(pate_independent_rdp(s, s, queries, a), a, delta) - float(epsilon)
+    def gap(log_rho: float) -> float:
+        return epsilon_from_rdp(a * math.exp(log_rho), a, delta) - float(epsilon)
 
     lo, hi = -5.0, 1.0
-    while gap(hi) > 0:
+    while gap(hi) <= 0:
         lo, hi = hi, hi + 2.0
-    while gap(lo) <= 0:
+    while gap(lo) > 0:
         lo, hi = lo - 2.0, lo
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=1e-12))
+
+
+def sigma_for_epsilon(epsilon: float, delta: float, queries: int, orders: object = None) -> float:
+    """σ = σ₁ = σ₂ with ε(Q·3α/(2σ²), δ) = ``epsilon``: every query answered, data-independent (Prop. 8)."""
+    if _count("queries", queries) < 1:
+        raise ValueError("`queries` must be >= 1.")
+    return math.sqrt(1.5 * int(queries) / rho_for_epsilon(epsilon, delta, orders))

@@ -22,7 +22,7 @@ from torch_geometric.data import Data
 
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.datamodules.edge_tuples.graph_prep import (
-    as_graph, check_int, count_nodes, derive_seed, load_tokenizer, node_inputs, oriented_relations,
+    as_graph, check_int, count_nodes, load_tokenizer, node_inputs, oriented_relations, public_generator,
 )
 from lightning_dprel.datamodules.edge_tuples.rows import gather_rows
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
@@ -69,7 +69,7 @@ class PublicRelations:
         self.inputs = node_inputs(data, n, load_tokenizer(tokenizer), max_length, "public", inputs)
         relations = oriented_relations(data, n, "public")
         if self.max_relations is not None and relations.shape[1] > self.max_relations:
-            g = torch.Generator().manual_seed(derive_seed(self.seed, "public_subset"))
+            g = public_generator(self.seed, "public_subset")
             keep = torch.randperm(relations.shape[1], generator=g)[: self.max_relations].sort().values
             relations = relations[:, keep]
         self.relations, self.num_nodes = relations, n
@@ -89,7 +89,7 @@ class PublicRelations:
         self._check()
         check_int("size", size, 1)
         check_int("neg_per_pos", neg_per_pos, 0)
-        g = torch.Generator().manual_seed(derive_seed(self.seed, "public_batch", int(step)))
+        g = public_generator(self.seed, "public_batch", int(step))
         m = self.relations.shape[1]
         pos = self.relations[:, torch.randperm(m, generator=g)[: min(size, m)]].t().contiguous()
         if not directed:

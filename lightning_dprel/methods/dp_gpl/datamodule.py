@@ -76,7 +76,7 @@ class PromptDataModule(LightningDataModule):
         self.partition = KeyedStream("dp-gpl/partition", seed=partition_seed, _warn=partition_seed is not None)
         self.data = None
         self.student_batch: EgoBatch | None = None
-        self._queries: dict[str, EgoBatch] = {}
+        self._batches: dict[str, EgoBatch] = {}
         self.student_labels: torch.Tensor | None = None
 
     # --- the splits ------------------------------------------------------------------------------------
@@ -127,21 +127,25 @@ class PromptDataModule(LightningDataModule):
         local[idx] = torch.arange(idx.numel())
         return self.data.x[idx], local[ei[:, keep]]
 
+    def _batch(self, key: str, nets: EgoNets, nodes: torch.Tensor) -> EgoBatch:
+        """``nets.batch(nodes)``, built once per key (the splits are fixed after setup; batches are never modified)."""
+        if key not in self._batches:
+            self._batches[key] = nets.batch(nodes)
+        return self._batches[key]
+
     def teacher_examples(self) -> tuple[EgoBatch, torch.Tensor, torch.Tensor]:
         """(examples of every private node, their labels, their teacher), private nodes in id order."""
         nodes = self.private.nonzero().view(-1)
-        return self.teacher_nets.batch(nodes), self.data.y[nodes], self.teacher[nodes]
+        return self._batch("teachers", self.teacher_nets, nodes), self.data.y[nodes], self.teacher[nodes]
 
     def query_examples(self, view: str | None = None) -> EgoBatch:
         """The Q queries on G_pub, the teachers' view by default (``view="full"``: on G, as published); built once per view."""
-        nets = self.public_nets if (view or self.view) == "public" else self.teacher_nets
-        if (view or self.view) not in self._queries:
-            self._queries[view or self.view] = nets.batch(self.queries)
-        return self._queries[view or self.view]
+        view = view or self.view
+        return self._batch(f"queries/{view}", self.public_nets if view == "public" else self.teacher_nets, self.queries)
 
     def public_examples(self, mask_name: str) -> tuple[EgoBatch, torch.Tensor]:
         nodes = (self.public & getattr(self.data, mask_name)).nonzero().view(-1)
-        return self.public_nets.batch(nodes), self.data.y[nodes]
+        return self._batch(f"public/{mask_name}", self.public_nets, nodes), self.data.y[nodes]
 
     # --- the student's data (answered queries, set once the votes are released) ------------------------
     def set_answers(self, answered: torch.Tensor, labels: torch.Tensor) -> None:

@@ -201,16 +201,24 @@ class DPPromptTuning(PrivateModule):
         grads = torch.autograd.grad(loss, list(copies.values()))
         return {n: g.detach().unsqueeze(1) for n, g in zip(copies, grads)}  # [B, 1, ...]: the shared shape [1, ...]
 
+    def _features(self) -> Tensor:
+        """The datamodule's x on this module's device and dtype, converted once (not on every step)."""
+        x, dtype = self.trainer.datamodule.data.x, next(self.encoder.parameters()).dtype
+        cached = getattr(self, "_x_cache", None)
+        if cached is None or cached[0] is not x or cached[1] != (self.device, dtype):
+            self._x_cache = cached = (x, (self.device, dtype), x.to(self.device, dtype))
+        return cached[2]
+
     def training_step(self, batch: NodeExampleBatch, batch_idx: int) -> None:
         if not isinstance(batch, NodeExampleBatch):
             raise TypeError(f"training_step expects a NodeExampleBatch (from PrivateNodeExamples), got {type(batch).__name__}.")
-        x = self.trainer.datamodule.data.x.to(self.device, next(self.encoder.parameters()).dtype)
+        x = self._features()
         grads = self.per_example(x, batch.examples, batch.labels.to(self.device))
         self.private_step(grads, max_freq=None, expected_batch_size=batch.expected_batch_size)
 
     def _accuracy(self, batch, name: str) -> float:
         examples, labels = batch
-        x = self.trainer.datamodule.data.x.to(self.device, next(self.encoder.parameters()).dtype)
+        x = self._features()
         acc = float((self.model(x, examples).argmax(-1) == labels.to(self.device)).float().mean()) if examples.size else 0.0
         self.log(name, acc, batch_size=max(1, examples.size), prog_bar=True)
         return acc

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pytorch_lightning import LightningModule
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
+from lightning_dprel.accounting.analysis.pate import rho_for_epsilon
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, gnmax, pate_releases, vote_histogram
@@ -170,14 +170,12 @@ class DPGPLModule(LightningModule):
         if hp.target_epsilon is None:
             return (None if hp.threshold is None else float(hp.sigma_threshold)), float(hp.sigma_vote)
         queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_vote_queries
-        if hp.threshold is None:  # only vote releases: ρ = Q/σ₂²
-            return None, math.sqrt(queries / (1.5 / float(sigma_for_epsilon(hp.target_epsilon, hp.delta, 1)) ** 2))
-        if hp.answer_budget is None or hp.answer_budget >= queries:
-            s = float(sigma_for_epsilon(hp.target_epsilon, hp.delta, int(queries)))
-            return s, s
-        rho = 1.5 / float(sigma_for_epsilon(hp.target_epsilon, hp.delta, 1)) ** 2  # one query: α(1/2σ² + 1/σ²) = 1.5α/σ²
-        r = float(hp.sigma_ratio)
-        s2 = math.sqrt((queries / (2.0 * r * r) + hp.answer_budget) / rho)
+        rho = rho_for_epsilon(hp.target_epsilon, hp.delta)  # ρ = Q/(2σ₁²) + A/σ₂² (vote sensitivity √2)
+        if hp.threshold is None:  # only vote releases
+            return None, math.sqrt(queries / rho)
+        slots = queries if hp.answer_budget is None else min(hp.answer_budget, queries)
+        r = 1.0 if slots == queries else float(hp.sigma_ratio)
+        s2 = math.sqrt((queries / (2.0 * r * r) + slots) / rho)
         return r * s2, s2
 
     def vote(self, dm: PromptDataModule) -> torch.Tensor:

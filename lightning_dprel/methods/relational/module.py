@@ -168,7 +168,7 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         params = trainable_parameters(self.encoder)
         hp = self.hparams
         mode = hp.get("per_tuple_mode", "auto")
-        chunk = hp["vmap_chunk_size"] if hp.get("vmap_chunk_size") is not None else hp.get("chunk_size", "auto")
+        chunk = self._chunk_size()
         if self._dp_optimizer is not None and self._dp_optimizer.subspace is not None:
             mode = "vmap"  # a projected step needs each tuple's gradient as a tensor (core/subspace.py)
         if mode != "vmap" and params:
@@ -182,16 +182,25 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
                     if mode == "ghost":
                         raise
                     plan.reason = str(err)  # auto: a run-time check failed; vmap from now on
+        return per_tuple_grads(self.encoder, inputs, self._tuple_head, args, chunk_size=self._vmap_chunk(inputs, params))
+
+    def _chunk_size(self) -> int | str | None:
+        hp = self.hparams
+        return hp["vmap_chunk_size"] if hp.get("vmap_chunk_size") is not None else hp.get("chunk_size", "auto")
+
+    def _vmap_chunk(self, inputs: dict[str, Tensor], params: list) -> int | None:
+        """The vmap chunk: ``chunk_size`` as given, or sized from free memory for ``"auto"``."""
+        chunk = self._chunk_size()
         if chunk == "auto":
-            chunk = auto_chunk_size(self.encoder, inputs, params, per_tuple_gradients=True) if params else None
-        return per_tuple_grads(self.encoder, inputs, self._tuple_head, args, chunk_size=chunk)
+            return auto_chunk_size(self.encoder, inputs, params, per_tuple_gradients=True) if params else None
+        return chunk
 
     # --- public data (never charged: the batch comes from datamodule.public, not the private stream) ---------------
     def public_tuple_grads(self, batch: TupleBatch) -> dict[str, Tensor]:
         """Per-tuple gradients ``[B, *shape]`` of PUBLIC tuples at the current parameters (for the public subspace)."""
-        chunk = self.hparams.get("chunk_size", "auto")
-        chunk = None if chunk == "auto" else chunk
-        result = per_tuple_grads(self.encoder, tuple_inputs(batch), self._tuple_head, (batch.neg_anchor.long(),), chunk_size=chunk)
+        inputs = tuple_inputs(batch)
+        chunk = self._vmap_chunk(inputs, trainable_parameters(self.encoder))
+        result = per_tuple_grads(self.encoder, inputs, self._tuple_head, (batch.neg_anchor.long(),), chunk_size=chunk)
         return dict(result.grads)
 
     def public_loss(self, batch: TupleBatch) -> Tensor:
