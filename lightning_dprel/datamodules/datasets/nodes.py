@@ -158,24 +158,54 @@ class WordNetNodes(NodeSource):
 
 class InMemoryNodes(NodeSource):
     """Your own graph: a ``Data`` with ``x``, ``y``, ``edge_index``, ``train_mask``, ``val_mask``, ``test_mask`` and
-    ``node_id`` (``num_classes`` is taken from ``y`` when missing).
+    ``node_id``, and its class count C (``num_classes=`` here, or ``data.num_classes``).
+
+    C is public: it is never read from the labels. ``y.max() + 1`` over private labels changes when the one private
+    node holding the largest label is removed (4 → 3 in ``tests/test_class_count_is_public.py``), and with C every
+    DP-GPL teacher's answer head and the DP-GCN classifier. A label outside [0, C) is refused.
 
     ``node_id`` should be stable, unique int64 ids (e.g. database keys): the DP-GCN split hashes them. Without it the
     provable split is refused unless ``NodeSplitDataModule(allow_row_ids=True)``; duplicate ids are refused.
     """
 
-    def __init__(self, data: Data, name: str = "in-memory graph") -> None:
+    def __init__(self, data: Data, name: str = "in-memory graph", *, num_classes: int | None = None) -> None:
         if not isinstance(data, Data):
             raise TypeError(f"`data` must be a torch_geometric.data.Data, got {type(data).__name__}.")
-        self.data, self.name = data, name
+        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
+            raise ValueError(f"`num_classes` must be None or an int >= 2 (the public class count), got {num_classes!r}.")
+        self.data, self.name, self.num_classes = data, name, num_classes
+
+    def _class_count(self) -> int:
+        """C from the user: the argument, else ``data.num_classes``; both given must agree."""
+        given = getattr(self.data, "num_classes", None)
+        given = None if given is None else int(given)
+        if self.num_classes is not None and given is not None and given != self.num_classes:
+            raise ValueError(f"{self.name}: InMemoryNodes(num_classes={self.num_classes}) but the graph says "
+                             f"data.num_classes = {given}; give one class count.")
+        count = self.num_classes if self.num_classes is not None else given
+        if count is None:
+            raise ValueError(
+                f"{self.name}: no class count. Pass InMemoryNodes(data, num_classes=C) (or set data.num_classes) with C "
+                "known without the labels (e.g. the size of your label set); it is not read from `y`, whose maximum "
+                "over private nodes changes when a node is removed.")
+        return count
 
     def load(self) -> Data:
         data = self.data
         if getattr(data, "node_id", None) is not None:
             check_node_ids(data.node_id, data.num_nodes)
-        if getattr(data, "num_classes", None) is None and getattr(data, "y", None) is not None:
+        if getattr(data, "y", None) is None:
+            return data  # the datamodule names the missing labels
+        count = self._class_count()
+        if data.y.numel():
+            low, high = int(data.y.min()), int(data.y.max())
+            for bad in (low, high):
+                if not 0 <= bad < count:
+                    raise ValueError(f"{self.name}: label {bad} lies outside [0, num_classes={count}); every label must "
+                                     f"be a class index below the class count. Raise num_classes or fix `y`.")
+        if getattr(data, "num_classes", None) != count:
             data = data.clone()  # never modify the caller's graph
-            data.num_classes = int(data.y.max()) + 1
+            data.num_classes = count
         return data  # without `node_id`: the datamodule decides whether row numbers may serve
 
     def __repr__(self) -> str:
