@@ -320,5 +320,5 @@ def prepare(
         val_edges = _eval_relations(val, val_n, "val_source", "validation")
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)
     if public is not None:
-        public.prepare(transform=transform, tokenizer=tokenizer, max_length=max_length, inputs=inputs)
+        public.prepare(transform=transform, tokenizer=tokenizer, max_length=max_length, inputs=inputs, private=train)
     return PreparedGraphs(n, capped, train_inputs, test_set, val_set)

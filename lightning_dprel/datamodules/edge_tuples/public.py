@@ -5,7 +5,8 @@ released snapshot). It is prepared like the private graph (same ``transform``, s
 but kept apart: its own node table, its own tuples, its own ordinary seeded sampler (nothing about it is secret).
 Training code reads it for public pre-training (:func:`lightning_dprel.methods.relational.public.warm_start`) and for
 the public gradient subspace (:class:`lightning_dprel.callbacks.PublicGradientSubspace`); the private stream never
-sees it, and the ledger never charges it.
+sees it, and the ledger never charges it. It must be disjoint from the private graph (:func:`shared_with_private`):
+a public graph sharing a node or a relation with it is refused.
 
 References:
     Yu, Zhang, Chen, Yin, Liu. Do not Let Privacy Overbill Utility: Gradient Embedding Perturbation for Private
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import Data
 
@@ -27,7 +29,40 @@ from lightning_dprel.datamodules.edge_tuples.graph_prep import (
 from lightning_dprel.datamodules.edge_tuples.rows import gather_rows
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
-__all__ = ["PublicRelations"]
+__all__ = ["PublicRelations", "IDENTITY_KEYS", "shared_with_private"]
+
+#: What names a node across two graphs, in this order: the first attribute both graphs have is compared. Never
+#: ``node_id`` or row numbers: each source numbers its nodes its own way (an HPO term's integer may be a WordNet offset).
+IDENTITY_KEYS = ("node_names", "text", "x")
+
+
+def _identities(data: Data, key: str, num_nodes: int) -> list[Any] | None:
+    """One hashable identity per node from ``data.<key>`` (a name, a text, the bytes of a feature row), or None."""
+    value = getattr(data, key, None)
+    if value is None or isinstance(value, str) or len(value) != num_nodes:
+        return None
+    if key == "x":
+        rows = value.detach().cpu().float().reshape(num_nodes, -1).contiguous().numpy()
+        return [r.tobytes() for r in rows]
+    return [str(v) for v in value]
+
+
+def shared_with_private(public: Data, relations: Tensor, private: Data) -> tuple[str, int, int] | None:
+    """``(key, shared nodes, shared relations)``: the public nodes whose identity (:data:`IDENTITY_KEYS`) is a private
+    node's, and the public ``relations`` joining two such nodes that the private graph relates too (either
+    orientation); None when the graphs have no identity in common to compare."""
+    n_pub, n_priv = count_nodes(public, "public"), count_nodes(private, "source")
+    for key in IDENTITY_KEYS:
+        pub, priv = _identities(public, key, n_pub), _identities(private, key, n_priv)
+        if pub is None or priv is None:
+            continue
+        private_ids = set(priv)
+        nodes = len(set(pub) & private_ids)
+        ei = private.edge_index
+        private_pairs = {frozenset((priv[u], priv[v])) for u, v in ei.t().tolist() if u != v} if nodes else set()
+        shared = sum(frozenset((pub[u], pub[v])) in private_pairs for u, v in relations.t().tolist()) if nodes else 0
+        return key, nodes, shared
+    return None
 
 
 class PublicRelations:
@@ -55,9 +90,12 @@ class PublicRelations:
         self.relations: Tensor | None = None
         self.inputs: dict[str, Tensor] | None = None
         self.num_nodes = 0
+        self.disjoint_by: str | None = None  # the identity the private graph was compared by
 
-    def prepare(self, *, transform: Any = None, tokenizer: str | None = None, max_length: int = 64, inputs: str = "auto") -> None:
-        """Load the graph and cache its node inputs the way the private graph's are (idempotent)."""
+    def prepare(self, *, transform: Any = None, tokenizer: str | None = None, max_length: int = 64, inputs: str = "auto",
+                private: Data | None = None) -> None:
+        """Load the graph and cache its node inputs the way the private graph's are (idempotent); with ``private`` (the
+        private training graph, as transformed), refuse a public graph that shares a node or a relation with it."""
         if self.relations is not None:
             return
         data, _, _ = as_graph(self.source, "public")
@@ -72,7 +110,27 @@ class PublicRelations:
             g = public_generator(self.seed, "public_subset")
             keep = torch.randperm(relations.shape[1], generator=g)[: self.max_relations].sort().values
             relations = relations[:, keep]
+        if private is not None:
+            self._refuse_private(data, relations, private)
         self.relations, self.num_nodes = relations, n
+
+    def _refuse_private(self, data: Data, relations: Tensor, private: Data) -> None:
+        """A ``ValueError`` naming the overlap when this graph shares nodes or relations with the private graph."""
+        found = shared_with_private(data, relations, private)
+        if found is None:
+            rank_zero_warn(f"{self!r}: neither graph names its nodes the way the other does ({', '.join(IDENTITY_KEYS)}), "
+                           "so nothing shows that the public graph is disjoint from the private one; make sure it is.",
+                           category=UserWarning)
+            return
+        key, nodes, shared = found
+        if nodes:
+            raise ValueError(
+                f"public data {self.name!r} shares {nodes} node{'s' * (nodes != 1)} (by `{key}`) and {shared} "
+                f"relation{'s' * (shared != 1)} with the private graph. Public data is never charged, so it must be "
+                "disjoint from the private graph: remove the shared nodes and their relations from the public graph, or "
+                "train on them privately (give the graphs distinct `node_names` if equal names/texts/features do not "
+                "mean the same node).")
+        self.disjoint_by = key
 
     @property
     def num_relations(self) -> int:
@@ -109,6 +167,8 @@ class PublicRelations:
         out: dict[str, Any] = {"name": self.name, "charged": False}
         if self.relations is not None:
             out.update(nodes=self.num_nodes, relations=self.num_relations)
+        if self.disjoint_by is not None:
+            out["disjoint_from_private"] = self.disjoint_by  # no node shared with the private graph, compared by it
         return out
 
     def __repr__(self) -> str:
