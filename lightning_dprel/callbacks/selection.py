@@ -4,7 +4,9 @@ Every iterate θ_0, θ_1, …, θ_T of a private run is already covered by the r
 for the whole sequence of noised updates). Choosing one of them with a score computed on *public* validation
 data is post-processing and costs no privacy. θ_0 is the base model, so a run that does not help on
 validation returns the base model instead of a worse one. Selecting on the test domain would be a defect:
-the datamodule must have a validation graph (``RelationalDataModule.has_validation_graph``).
+the datamodule must have a validation graph (``RelationalDataModule.has_validation_graph``). A restored candidate is
+recorded in ``module.public_data["selection"]`` (step, candidate, monitor, score, the validation graph), so
+``privacy.json`` and the checkpoint say which iterate was released and on what it was chosen.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ __all__ = ["ValidationSelection"]
 _MONITORS = ("mrr", "prec1")
 
 
+def validation_graph_name(dm: Any) -> str:
+    """The graph a RelationalDataModule validates on: its ``val_source``, else its source's own validation graph."""
+    val = getattr(dm, "val_source", None)
+    return repr(val) if val is not None else f"the validation graph of {getattr(dm, 'source', dm)!r}"
+
+
 class ValidationSelection(Callback):
     """Evaluate on the validation graph at step 0 and every ``every_n_steps``; keep and restore the best.
 
@@ -28,7 +36,8 @@ class ValidationSelection(Callback):
         every_n_steps: validate after every this many optimizer steps (and always after the last one).
         monitor: ``"mrr"`` (default) or ``"prec1"``; higher is better.
         include_base: the model before the first step is a candidate (default True).
-        restore_best: load the best candidate's trainable parameters into the module at the end of fit.
+        restore_best: load the best candidate's trainable parameters into the module at the end of fit, and record the
+            choice in ``module.public_data["selection"]`` (``privacy.json``).
         require_validation_graph: refuse a datamodule whose validation queries are its test queries.
 
     Attributes:
@@ -117,10 +126,23 @@ class ValidationSelection(Callback):
             with torch.no_grad():
                 for name, value in self._best_state.items():
                     params[name].copy_(value.to(params[name].device))
+            self._record(trainer, pl_module)
         rank_zero_info(
             f"ValidationSelection: selected {self.best_candidate} (validation {self.monitor} = {self.best_score:.4f}; "
             f"{ {'base': 'the base model', 'step 0': 'the public warm start'}.get(self.best_candidate, 'a fine-tuned iterate')})."
         )
+
+    def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """What was released: the selected candidate and the (public) graph it was chosen on, for ``privacy.json``."""
+        public_data = getattr(pl_module, "public_data", None)
+        if not isinstance(public_data, dict):
+            return
+        dm = trainer.datamodule
+        public_data["selection"] = {
+            "step": self.best_step, "candidate": self.best_candidate, "monitor": self.monitor, "score": self.best_score,
+            "candidates": len(self.history), "validation_graph": validation_graph_name(dm),
+            "validation_public": bool(getattr(dm, "has_validation_graph", False)),  # False: the test queries chose
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {
