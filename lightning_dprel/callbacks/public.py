@@ -18,9 +18,9 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities import move_data_to_device
-from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
 from lightning_dprel.core.subspace import GradientSubspace
+from lightning_dprel.progress import ProgressLog
 
 __all__ = ["PublicWarmStart", "PublicGradientSubspace", "PublicInterleave"]
 
@@ -45,20 +45,23 @@ class PublicWarmStart(Callback):
     """Train the module non-privately on the public graph before the first private step (public pre-training).
 
     Plain Adam on the mean public tuple loss for ``steps`` steps of ``batch_size`` public relations; its optimizer
-    is discarded afterwards (the private run's optimizer starts fresh). Runs once: not again on a resumed fit.
+    is discarded afterwards (the private run's optimizer starts fresh). Runs once: not again on a resumed fit. While
+    it runs it logs its progress (:class:`~lightning_dprel.progress.ProgressLog`: a line at every tenth of the steps
+    and at least every 30 s, with the time left).
 
     Args:
         steps: public training steps (0 disables it).
         lr: Adam's learning rate.
         batch_size: public relations per step.
+        progress: log progress lines (default True).
     """
 
-    def __init__(self, steps: int = 300, lr: float = 3e-3, batch_size: int = 1024) -> None:
+    def __init__(self, steps: int = 300, lr: float = 3e-3, batch_size: int = 1024, progress: bool = True) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"`steps` must be an int >= 0, got {steps!r}.")
         _check_positive("lr", lr, float)
         _check_positive("batch_size", batch_size)
-        self.steps, self.lr, self.batch_size = steps, float(lr), batch_size
+        self.steps, self.lr, self.batch_size, self.progress = steps, float(lr), batch_size, bool(progress)
         self.done = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -69,11 +72,13 @@ class PublicWarmStart(Callback):
             hook = getattr(cb, "on_before_public_warm_start", None)
             if callable(hook):
                 hook(trainer, pl_module)
+        log = ProgressLog(f"PublicWarmStart on {public.name} (public, not charged)", self.steps, unit="non-private steps",
+                          every=30.0, fraction=0.1, enabled=self.progress)
         warm_start(pl_module, public, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
-                   neg_per_pos=_neg_per_pos(trainer), directed=bool(getattr(trainer.datamodule, "directed", True)))
+                   neg_per_pos=_neg_per_pos(trainer), directed=bool(getattr(trainer.datamodule, "directed", True)), log=log)
+        log.close()
         pl_module.public_data["warm_start"] = {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size}
         self.done = True
-        rank_zero_info(f"PublicWarmStart: {self.steps} non-private steps on {public.name} (public, not charged).")
 
     def state_dict(self) -> dict[str, Any]:
         return {"done": self.done}
@@ -112,8 +117,9 @@ class PublicInterleave(Callback):
 
 
 def warm_start(module: Any, public: Any, *, steps: int, lr: float, batch_size: int, neg_per_pos: int, directed: bool = True,
-               first_step: int = 0, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """``steps`` steps of Adam on ``module.public_loss`` over public batches ``first_step, first_step + 1, …``."""
+               first_step: int = 0, optimizer: torch.optim.Optimizer | None = None, log: ProgressLog | None = None) -> None:
+    """``steps`` steps of Adam on ``module.public_loss`` over public batches ``first_step, first_step + 1, …`` (each
+    reported to ``log``, if given)."""
     params = [p for p in module.parameters() if p.requires_grad]
     opt = optimizer if optimizer is not None else torch.optim.Adam(params, lr=lr)
     device = params[0].device if params else torch.device("cpu")
@@ -123,6 +129,8 @@ def warm_start(module: Any, public: Any, *, steps: int, lr: float, batch_size: i
             opt.zero_grad(set_to_none=True)
             module.public_loss(batch).backward()
             opt.step()
+            if log is not None:
+                log.update(step - first_step + 1)
     for p in params:
         p.grad = None
 
