@@ -61,7 +61,7 @@ def run(source, seed: int, eps: float | None, threshold: float | None, votes: di
     kw = dict(sigma_threshold=0.0, sigma_vote=0.0) if eps is None else dict(target_epsilon=eps)
     if budget is not None:
         kw.update(answer_budget=budget[0], sigma_ratio=budget[1])
-    module = DPGPLModule(seed=seed, threshold=threshold, **MODULE, **kw)
+    module = DPGPLModule(seed=seed, threshold=threshold, allow_untracked=True, **MODULE, **kw)
     if seed in votes:
         module.vote = lambda dm, v=votes[seed]: v  # the same teachers for every ε of this seed
     else:

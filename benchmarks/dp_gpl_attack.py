@@ -121,7 +121,7 @@ def student_attack(source, *, epsilon: float, runs: int, teachers: int, queries:
             removed[cand[~member]] = True
             dm = dm_cls(source, num_teachers=teachers, num_queries=queries, removed=removed, query_groups=groups)
             kw = (dict(sigma_threshold=0.0, sigma_vote=0.0) if math.isinf(epsilon) else dict(target_epsilon=epsilon))
-            module = DPGPLModule(hidden_dim=64, pretrain_epochs=100, teacher_epochs=100, delta=DELTA, seed=seed,
+            module = DPGPLModule(allow_untracked=True, hidden_dim=64, pretrain_epochs=100, teacher_epochs=100, delta=DELTA, seed=seed,
                                  threshold=0.3 if groups is None else None, **kw)
             trainer = pl.Trainer(max_epochs=50, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                  enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)

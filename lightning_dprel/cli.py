@@ -235,22 +235,10 @@ class DPRelCLI(LightningCLI):
         return None
 
     def _privacy_summary(self) -> dict[str, Any] | None:
-        """ε, δ, steps, σ and accounting from the first callback that keeps an accountant (duck-typed)."""
-        for cb in self.trainer.callbacks:
-            if getattr(cb, "accountant", None) is not None and getattr(cb, "steps", 0) > 0:
-                from lightning_dprel.callbacks.privacy import ACCOUNTING_LABELS
-
-                return {
-                    "epsilon": float(cb.epsilon),
-                    "delta": float(cb.delta),
-                    "target": getattr(cb, "target_epsilon", None),
-                    "steps": int(cb.steps),
-                    "sigma": float(cb.noise_multiplier),
-                    "accounting": ACCOUNTING_LABELS.get(cb.mechanism, cb.mechanism),
-                    "mechanism": cb.mechanism,
-                }
-        summary = getattr(self.model, "privacy_summary", None)  # releases that are not optimizer steps (PATE votes)
-        return summary() if callable(summary) else None
+        """The model's privacy line (every private model has one: the ledger layer's), with the callback's target."""
+        target = next((cb.target_epsilon for cb in self.trainer.callbacks if getattr(cb, "charges_privacy_ledger", False)), None)
+        summary = getattr(self.model, "privacy_summary", None)
+        return summary(target=target) if callable(summary) else None
 
 
 def main(args: list[str] | None = None) -> Any:

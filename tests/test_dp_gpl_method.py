@@ -17,7 +17,7 @@ from lightning_dprel.methods.dp_gpl import (
 from lightning_dprel.core.randomness import KeyedStream
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_thread")]
-SMALL = dict(hidden_dim=16, pretrain_epochs=5, teacher_epochs=15, noise_seed=None)
+SMALL = dict(hidden_dim=16, pretrain_epochs=5, teacher_epochs=15, noise_seed=None, allow_untracked=True)  # the callback: test_dp_gpl_under_privacy_callback
 
 
 def _dm(view: str = "public") -> PromptDataModule:
@@ -129,7 +129,7 @@ def test_checkpoint_keeps_the_answers_and_export_writes_only_the_student(tmp_pat
     assert torch.equal(back.answers.labels, module.answers.labels) and back.epsilon() == pytest.approx(4.0, rel=1e-6)
     out = export_main(["--ckpt_path", str(tmp_path / "m.ckpt"), "--out", str(tmp_path / "export")])
     privacy = json.loads((out / "privacy.json").read_text())
-    assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-6) and "G_pub" in privacy["public_data"]
+    assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-6) and "G_pub" in privacy["public_data"]["graph"]
     from safetensors.torch import load_file
 
     weights = load_file(str(out / "weights.safetensors"))

@@ -1,4 +1,4 @@
-"""The stateful accountant: a run-length history of steps over a pure mechanism (bookkeeping only).
+"""The accountant: composed RDP of the steps it was given, over a pure mechanism (the ledger is the only history).
 
 RDP composes additively over steps (also across steps with different σ or γ), and the (ε, δ) conversion
 is Balle et al. 2020 (the paper's Theorem D.1). The per-step curves come from the mechanism registry and
@@ -8,7 +8,6 @@ are cached, so ``step`` and ``epsilon_after`` cost microseconds after the first 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,6 @@ from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["Accountant"]
 
-_STATE_KEYS = ("mechanism", "orders", "history")
 
 
 
@@ -63,21 +61,13 @@ class Accountant:
         self._c1, self._c2 = conversion_constants(self._orders)
 
     def _reset(self) -> None:
-        self._history: list[list[Any]] = []  # [SamplingSpec, σ, count, mechanism]
-        self._closed = np.zeros_like(self._orders)  # Σ count·rdp over every run but the last
-        self._last_rdp = np.zeros_like(self._orders)
+        # Σ count·rdp as closed runs + the open run (count·rdp of a run is computed once, so the sum does not depend on
+        # how its steps were fed in: a resumed ledger composes bit-for-bit as an uninterrupted one). No history is kept.
+        self._closed = np.zeros_like(self._orders)
+        self._run: tuple | None = None  # (mechanism, sampling, σ) of the open run
+        self._run_rdp = np.zeros_like(self._orders)
+        self._run_count = 0
         self._steps = 0
-
-    def _record(self, sampling: SamplingSpec, sigma: float, rdp: np.ndarray, num_steps: int, mechanism: str) -> None:
-        last = self._history[-1] if self._history else None
-        if last is not None and last[0] == sampling and last[1] == sigma and last[3] == mechanism:
-            last[2] += num_steps
-        else:
-            if last is not None:
-                self._closed = self._closed + last[2] * self._last_rdp
-            self._history.append([sampling, sigma, num_steps, mechanism])
-            self._last_rdp = rdp
-        self._steps += num_steps
 
     # -- public API -------------------------------------------------------------------------------------
     @property
@@ -90,11 +80,6 @@ class Accountant:
         """Number of steps recorded so far."""
         return self._steps
 
-    @property
-    def history(self) -> list[tuple[SamplingSpec, float, int]]:
-        """Run-length history as (SamplingSpec, σ, count) tuples (a copy)."""
-        return [(s, sig, n) for s, sig, n, _ in self._history]
-
     def step(self, sampling: SamplingSpec | None, noise_multiplier: float, num_steps: int = 1, *,
              mechanism: str | None = None) -> None:
         """Record ``num_steps`` steps of Algorithm 3 with this sampling and σ (validated first; a failed call
@@ -104,13 +89,16 @@ class Accountant:
         sigma = check_noise_multiplier(noise_multiplier)
         name = self.mechanism if mechanism is None else mechanism
         rdp = _lookup(name, sampling, sigma, self._key)
-        self._record(sampling, sigma, rdp, num_steps, name)
+        if self._run == (name, sampling, sigma):
+            self._run_count += num_steps
+        else:
+            self._closed = self._closed + self._run_count * self._run_rdp
+            self._run, self._run_rdp, self._run_count = (name, sampling, sigma), rdp, num_steps
+        self._steps += num_steps
 
     def rdp(self) -> np.ndarray:
         """The composed RDP curve over :attr:`orders` (a copy)."""
-        if not self._history:
-            return np.zeros_like(self._orders)
-        return self._closed + self._history[-1][2] * self._last_rdp
+        return self._closed + self._run_count * self._run_rdp
 
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:
         """(ε, best α) of the steps so far at this δ (Balle et al. 2020; the paper's Theorem D.1)."""
@@ -127,50 +115,11 @@ class Accountant:
         num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
         rdp = _lookup(self.mechanism, sampling, sigma, self._key)
-        last = self._history[-1] if self._history else None
-        if last is not None and last[0] == sampling and last[1] == sigma and last[3] == self.mechanism:
-            total = self._closed + (last[2] + num_steps) * self._last_rdp
-        elif last is not None:
-            total = (self._closed + last[2] * self._last_rdp) + num_steps * rdp
+        if self._run == (self.mechanism, sampling, sigma):
+            total = self._closed + (self._run_count + num_steps) * self._run_rdp
         else:
-            total = self._closed + num_steps * rdp
+            total = self.rdp() + num_steps * rdp
         return epsilon_from_constants(self._orders, self._c1, self._c2, total, check_delta(delta))[0]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-Python state: mechanism, orders and the run-length history (SamplingSpecs as dicts)."""
-        return {
-            "mechanism": self.mechanism,
-            "privacy_unit": self.privacy_unit,
-            "orders": [float(a) for a in self._orders],
-            "history": [
-                {"sampling": None if s is None else s.to_dict(), "noise_multiplier": float(sig), "steps": int(n),
-                 **({} if m == self.mechanism else {"mechanism": m})}
-                for s, sig, n, m in self._history
-            ],
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; the composed RDP is rebuilt bit-for-bit by replaying the runs.
-
-        Raises:
-            ValueError: for an empty dict, a missing key, or another mechanism.
-        """
-        if not isinstance(state_dict, dict) or not state_dict:
-            raise ValueError("`state_dict` is empty; pass the dict returned by Accountant.state_dict().")
-        missing = [k for k in _STATE_KEYS if k not in state_dict]
-        if missing:
-            raise ValueError(f"`state_dict` is missing keys {missing}; expected {list(_STATE_KEYS)}.")
-        if state_dict["mechanism"] != self.mechanism:
-            raise ValueError(
-                f"`state_dict` was saved by mechanism {state_dict['mechanism']!r}, this accountant uses "
-                f"{self.mechanism!r}; create Accountant({state_dict['mechanism']!r}) to load it."
-            )
-        state = copy.deepcopy(state_dict)
-        fresh = Accountant(self.mechanism, orders=state["orders"])
-        for run in state["history"]:  # replay on a fresh object: a bad entry leaves self unchanged
-            sampling = None if run["sampling"] is None else SamplingSpec(**run["sampling"])
-            fresh.step(sampling, run["noise_multiplier"], int(run["steps"]), mechanism=run.get("mechanism"))
-        self.__dict__.update(fresh.__dict__)
-
     def __repr__(self) -> str:
-        return f"Accountant(mechanism={self.mechanism!r}, steps={self._steps}, runs={len(self._history)})"
+        return f"Accountant(mechanism={self.mechanism!r}, steps={self._steps}, mechanism_unit={self.privacy_unit!r})"

@@ -9,17 +9,10 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
+from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
+from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
-
-def positive_finite(name: str, value: Any, example: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r}); {example}.")
-    value = float(value)
-    if not (value > 0.0) or math.isinf(value):
-        raise ValueError(f"`{name}` must be > 0 and finite, got {value}; {example}.")
-    return value
-
 
 def check_trainer(trainer: "pl.Trainer") -> None:
     """Refuse trainer settings that would override a budget stop or break the accounting."""
@@ -34,12 +27,7 @@ def check_trainer(trainer: "pl.Trainer") -> None:
             f"PrivacyCallback refuses `Trainer(min_epochs={fit_loop.min_epochs})`: Lightning ignores a stop until "
             "min_epochs are done, so training could run past the privacy budget. Remove min_epochs."
         )
-    if trainer.accumulate_grad_batches != 1:
-        raise ValueError(
-            f"PrivacyCallback refuses `Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches})`: one "
-            "optimizer step must use exactly one sampled batch (Algorithm 3). Raise the datamodule's "
-            "expected batch size instead."
-        )
+    refuse_unsafe_trainer_settings(trainer)
     if trainer.overfit_batches:
         raise ValueError(
             f"PrivacyCallback refuses `Trainer(overfit_batches={trainer.overfit_batches})`: replaying fixed "
@@ -59,7 +47,7 @@ def _fact(pl_module: "pl.LightningModule", name: str, kind: type, what: str, rem
 
 def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
     return _fact(pl_module, "noise_spec", NoiseSpec, "a lightning_dprel.core.specs.NoiseSpec (σ, C, clipping, accounting)",
-                 "Use DPRelationalModule or add a `noise_spec` property to your module.")
+                 "Use a lightning_dprel private module (a PrivateModule: DPRelationalModule, DPNodeModule, …).")
 
 
 def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
@@ -95,18 +83,8 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
 
 
 def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool) -> float:
-    """δ, by default for entities the paper's 1/m (capped relations), for other units 1/(10·N); warns if δ ≥ 1/N units."""
-    unit, n = sampling.unit, sampling.units
-    if delta is None:
-        delta = 1.0 / sampling.num_edges if unit.name == "entity" else 1.0 / (10 * n)
-    if warn and delta >= 1.0 / n:
-        rank_zero_warn(
-            f"PrivacyCallback: δ = {delta:.3g} is not below 1/n = {1.0 / n:.3g} (n = {n} {unit.counted_as}). "
-            f"The privacy unit is {unit.name!r}, so a δ ≥ 1/n allows releasing one unit outright; pass a smaller "
-            "`delta` (e.g. 1/(10·n)) for a meaningful guarantee.",
-            category=UserWarning,
-        )
-    return delta
+    """δ for a SamplingSpec's unit (:func:`lightning_dprel.core.checks.resolve_delta`)."""
+    return _resolve_delta(delta, sampling.unit, sampling.units, num_edges=sampling.num_edges, warn=warn)
 
 
 def check_not_over(epsilon: float, target: float, steps: int, *, releases: int, planned: int) -> None:
@@ -177,3 +155,23 @@ def sigma_setter_of(pl_module: "pl.LightningModule") -> Any:
             "lightning_dprel.accounting.noise_multiplier_for and pass calibrate=False."
         )
     return setter
+
+
+def resolve_unit_delta(delta: Optional[float], unit: Any, units: int, *, warn: bool) -> float:
+    """δ for ``units`` of a unit (releases without a SamplingSpec), by :func:`lightning_dprel.core.checks.resolve_delta`."""
+    return _resolve_delta(delta, unit, units, warn=warn)
+
+
+def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[Any, int]:
+    """(PrivacyUnit, number of units) of the data a release-making module answers on: the datamodule declares both."""
+    from lightning_dprel.core.specs import privacy_unit
+
+    dm = trainer.datamodule
+    declared = getattr(dm, "privacy_unit", None) if dm is not None else None
+    units = getattr(dm, "num_private_units", None) if dm is not None else None
+    if declared is None or not isinstance(units, int) or units < 1:
+        raise TypeError(
+            f"PrivacyCallback: {type(pl_module).__name__} releases without optimizer steps; its datamodule must be a "
+            f"PrivateDataModule declaring `privacy_unit` and `num_private_units`, got {type(dm).__name__}."
+        )
+    return privacy_unit(declared), units

@@ -25,12 +25,15 @@ from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS, check_not_over, check_private, resolve_delta, sigma_setter_of, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite, sampling_spec_of
+from lightning_dprel.callbacks.checks import (
+    ACCOUNTING_LABELS, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite,
+    release_unit_of, resolve_delta, resolve_unit_delta, sampling_spec_of, sigma_setter_of,
+)
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
 
-_STATE_KEYS = ("mechanism", "delta", "target_epsilon", "noise_multiplier")
+_STATE_KEYS = ("mechanism", "delta", "target_epsilon")
 
 
 class PrivacyCallback(Callback):
@@ -135,7 +138,7 @@ class PrivacyCallback(Callback):
         self.stopped_step: Optional[int] = None
         self.summary: Optional[str] = None
         self.history: list[tuple[int, float]] = []  # (private steps in the ledger, ε) after every step
-        self._calibrated_sigma: Optional[float] = None
+        self._calibrated = False  # σ was calibrated for this plan (its value lives in the module's DP optimizer)
         self._sampling: Optional[SamplingSpec] = None
         self._ledger: Optional[PrivacyLedger] = None
         self._lookahead = 1  # samples (steps) per training batch, as last observed
@@ -170,11 +173,54 @@ class PrivacyCallback(Callback):
             check_trainer(trainer)
 
     @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """For a model that releases without optimizer steps (DP-GPL's answers): δ, calibration and the budget, checked
+        before the first release (the callback's hooks run before the module's)."""
+        planner = getattr(pl_module, "planned_releases", None)
+        if not callable(planner) or planner() is None:
+            return
+        self._ledger = ledger_of(pl_module)
+        unit, units = release_unit_of(trainer, pl_module)
+        declared = getattr(pl_module, "declared_delta", None)
+        if declared is not None and self._delta_arg is not None and not math.isclose(declared, self._delta_arg, rel_tol=1e-12):
+            raise ValueError(f"PrivacyCallback(delta={self._delta_arg}) contradicts the module's delta={declared}; give one.")
+        self.delta = self.delta if self.delta is not None else declared
+        self.delta = resolve_unit_delta(self.delta, unit, units, warn="delta" not in self._warned)
+        self._warned.add("delta")
+        if self.calibrate:
+            pl_module.calibrate_releases(self.target_epsilon, self.delta)
+        planned = planner()
+        for event in planned:
+            check_unit(event.mechanism, unit.name)
+            if event.unit != unit.name:
+                raise ValueError(f"{type(pl_module).__name__} plans releases for the unit {event.unit!r}; the data declares "
+                                 f"{unit.name!r}.")
+        after = self._ledger.after(planned).epsilon(self.delta)
+        if self.target_epsilon is not None and after > self.target_epsilon:
+            raise ValueError(
+                f"PrivacyCallback: the {sum(e.count for e in planned)} releases {type(pl_module).__name__} plans would "
+                f"spend ε = {after:.6g} at δ = {self.delta:.3g} > target_epsilon = {self.target_epsilon} (after ε = "
+                f"{self.epsilon:.6g} already spent); refused before the first release. Raise the noise or the budget, "
+                "or use calibrate=True."
+            )
+
+    @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if getattr(pl_module, "planned_releases", lambda: None)() is not None:  # releases, no optimizer steps
+            self._ledger = ledger_of(pl_module)
+            epsilon = self.epsilon
+            pl_module.log("epsilon", epsilon, prog_bar=True, on_step=False, on_epoch=True, batch_size=1, logger=False)
+            for logger in trainer.loggers:
+                logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
+            return
         sampling, noise = self._read_facts(trainer, pl_module)
         self._ledger = ledger_of(pl_module)
-        self._ledger.open(sampling)
-        self._ledger.check_mechanism(noise.mechanism, noise.clipping)
+        opener = getattr(pl_module, "open_fit", None)
+        if callable(opener):
+            opener(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
+        else:
+            self._ledger.open(sampling)
+            self._ledger.check_mechanism(noise.mechanism, noise.clipping)
         self._steps_seen = self._ledger.private_steps
         declared = int(getattr(pl_module, "releases_per_sample", 1))  # noised sums one batch releases on its sample
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
@@ -209,10 +255,7 @@ class PrivacyCallback(Callback):
         self.noise_multiplier = self._ledger.last_noise_multiplier
         epsilon = self.epsilon
         self.history.append((steps, epsilon))
-        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
-        # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
-        for logger in trainer.loggers:
-            logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
+        self._log_epsilon(trainer, pl_module, epsilon)
         if self.target_epsilon is None:
             return
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
@@ -221,6 +264,12 @@ class PrivacyCallback(Callback):
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             self._set_stop(trainer, next_eps)
+
+    def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float) -> None:
+        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
+        # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
+        for logger in trainer.loggers:
+            logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -236,7 +285,7 @@ class PrivacyCallback(Callback):
             "mechanism": self.mechanism,
             "delta": self.delta,
             "target_epsilon": self.target_epsilon,
-            "noise_multiplier": self._calibrated_sigma,
+            "calibrated": self._calibrated,
             "stopped_step": self.stopped_step,
             "history": [[int(t), float(e)] for t, e in self.history],
         }
@@ -264,7 +313,7 @@ class PrivacyCallback(Callback):
         if self._delta_arg is None and state_dict["delta"] is not None:
             self.delta = float(state_dict["delta"])
         self.mechanism = self.mechanism or saved
-        self._calibrated_sigma = state_dict["noise_multiplier"]
+        self._calibrated = bool(state_dict.get("calibrated", state_dict.get("noise_multiplier") is not None))
         self.stopped_step = state_dict.get("stopped_step")
         self.history = [(int(t), float(e)) for t, e in state_dict.get("history", [])]
 
@@ -304,24 +353,25 @@ class PrivacyCallback(Callback):
         self._warned.add("delta")
 
     def _apply_calibration(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", sampling: SamplingSpec) -> None:
+        """Choose σ for the planned steps and set it on the module; a resumed fit keeps the σ its optimizer restored."""
+        if self._calibrated:
+            return
         setter = sigma_setter_of(pl_module)
-        sigma = self._calibrated_sigma
-        if sigma is None:
-            releases = self._releases  # r noised sums per sample: r optimizer steps, one sample at σ/√r
-            total = -(-planned_steps(trainer, sampling) // releases)
-            spent = self.accountant
-            sigma = math.sqrt(releases) * float(
-                noise_multiplier_for(
-                    self.target_epsilon, delta=self.delta, steps=total, sampling=sampling, mechanism=self.mechanism,
-                    orders=spent.orders, spent_rdp=spent.rdp(),
-                )
+        releases = self._releases  # r noised sums per sample: r optimizer steps, one sample at σ/√r
+        total = -(-planned_steps(trainer, sampling) // releases)
+        spent = self.accountant
+        sigma = math.sqrt(releases) * float(
+            noise_multiplier_for(
+                self.target_epsilon, delta=self.delta, steps=total, sampling=sampling, mechanism=self.mechanism,
+                orders=spent.orders, spent_rdp=spent.rdp(),
             )
-            self._calibrated_sigma = sigma
-            already = f", after the {spent.steps} private steps the model already took" if spent.steps else ""
-            rank_zero_info(
-                f"PrivacyCallback: calibrated σ = {sigma:.6g} so that {total} steps{already} spend ε ≤ "
-                f"{self.target_epsilon} at δ = {self.delta:.3g} ({ACCOUNTING_LABELS[self.mechanism]})."
-            )
+        )
+        self._calibrated = True
+        already = f", after the {spent.steps} private steps the model already took" if spent.steps else ""
+        rank_zero_info(
+            f"PrivacyCallback: calibrated σ = {sigma:.6g} so that {total} steps{already} spend ε ≤ "
+            f"{self.target_epsilon} at δ = {self.delta:.3g} ({ACCOUNTING_LABELS[self.mechanism]})."
+        )
         setter(sigma)
         for logger in trainer.loggers:
             logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
@@ -350,6 +400,10 @@ class PrivacyCallback(Callback):
             )
 
     def _summary_line(self) -> str:
+        if self.mechanism is None:  # releases that are not optimizer steps
+            line = (f"PrivacyCallback: spent ε = {self.epsilon:.4f} at δ = {self.delta:.3g} over "
+                    f"{sum(s.steps for s in self._ledger.segments)} releases")
+            return line + (f", target ε = {self.target_epsilon}." if self.target_epsilon is not None else ".")
         line = (
             f"PrivacyCallback: spent ε = {self.epsilon:.4f} at δ = {self.delta:.3g} over {self.steps} steps, "
             f"σ = {self.noise_multiplier if self.noise_multiplier is not None else float('nan'):.4g}, "

@@ -65,7 +65,7 @@ class PrivacyLedger:
         self.sampling: SamplingSpec | None = None
         self._sample: object = None  # token of the sample the last release was made on
         self._sample_records: list[StepRecord] = []
-        self._check_next = False  # re-check the mechanism at the next charge (after a step was taken back)
+        self._checked: tuple[str, str] | None = None  # (mechanism, clipping) checked for this fit's sampling
 
     # --- writing -------------------------------------------------------------------------------------
     def open(self, sampling: SamplingSpec | None) -> None:
@@ -80,6 +80,7 @@ class PrivacyLedger:
             )
         self.sampling = sampling
         self._sample, self._sample_records = None, []
+        self._checked = None
 
     def check_mechanism(self, mechanism: str, clipping: str) -> None:
         """Refuse a run whose mechanism differs from the private steps already in the ledger, or is proven for
@@ -95,6 +96,7 @@ class PrivacyLedger:
                 f"continue with {mechanism!r} (clipping={clipping!r}). Keep the clipping and accounting of the "
                 "earlier fits, or start from a fresh model."
             )
+        self._checked = (mechanism, clipping)
 
     def charge(self, event: "StepRecord | GaussianRelease", *, sample: object = None) -> None:
         """Append one release. A :class:`StepRecord` with the same non-None ``sample`` token as the previous one is
@@ -113,12 +115,11 @@ class PrivacyLedger:
         self._sample, self._sample_records = sample, list(step.records)
 
     def _charge_step(self, step: SampledGaussianStep) -> None:
-        sampling, last = self.sampling, (self._segments[-1] if self._segments else None)
+        sampling = self.sampling
         record = step.records[-1]
         if step.is_private:
-            if last is None or (last.mechanism, last.clipping) != (record.mechanism, record.clipping) or self._check_next:
-                self.check_mechanism(record.mechanism, record.clipping)  # once per new run of steps
-                self._check_next = False
+            if (record.mechanism, record.clipping) != self._checked:
+                self.check_mechanism(record.mechanism, record.clipping)  # once per fit (open() forgets the check)
             if sampling is not None and not math.isclose(record.expected_batch_size, sampling.expected_batch_size, rel_tol=1e-9):
                 raise RuntimeError(
                     f"The step divided by b = {record.expected_batch_size}, the SamplingSpec says "
@@ -157,7 +158,7 @@ class PrivacyLedger:
         else:
             del self._segments[i]
         self._cache.clear()
-        self._check_next = True
+        self._checked = None
 
     # --- reading -------------------------------------------------------------------------------------
     @property
@@ -242,6 +243,14 @@ class PrivacyLedger:
         if not self._segments or not any(s.mechanism != "none" for s in self._segments):
             return 0.0
         return float(self.composed(mechanism=mechanism, orders=orders).get_epsilon(delta))
+
+    def after(self, events: "list[GaussianRelease]") -> "PrivacyLedger":
+        """A copy of this ledger with ``events`` charged too (what spending them would cost; this ledger is unchanged)."""
+        copy = PrivacyLedger()
+        copy.load_state_dict(self.state_dict())
+        for event in events:
+            copy.charge(event)
+        return copy
 
     # --- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -92,10 +92,11 @@ class DPOptimizer(Optimizer):
         optimizer: Optimizer,
         *,
         named_params: Mapping[str, nn.Parameter],
-        noise_multiplier: float,
-        clip_norm: float,
+        noise_multiplier: float | None = None,
+        clip_norm: float | None = None,
         clipping: str = "freq",
         accounting: str = "corrected",
+        noise_spec: NoiseSpec | None = None,
         noise: KeyedStream | None = None,
         process_group: Any = None,
         diagnostics: bool = False,
@@ -116,9 +117,14 @@ class DPOptimizer(Optimizer):
                 f"`noise` must be a lightning_dprel.core.randomness.KeyedStream, got {type(noise).__name__}; torch "
                 "generators are refused because a released model reveals their output (issue 11)."
             )
-        self.noise_spec = NoiseSpec(
-            noise_multiplier=float(noise_multiplier), clip_norm=float(clip_norm), clipping=clipping, accounting=accounting
-        )
+        if noise_spec is None:
+            if noise_multiplier is None or clip_norm is None:
+                raise TypeError("DPOptimizer needs `noise_spec`, or `noise_multiplier` and `clip_norm`.")
+            noise_spec = NoiseSpec(noise_multiplier=float(noise_multiplier), clip_norm=float(clip_norm), clipping=clipping,
+                                   accounting=accounting)
+        elif not isinstance(noise_spec, NoiseSpec):
+            raise TypeError(f"`noise_spec` must be a NoiseSpec, got {type(noise_spec).__name__}.")
+        self.noise_spec = noise_spec  # σ and C live here once the optimizer exists
         self.noise = noise if noise is not None else KeyedStream.secret("noise")
         self.process_group = process_group
         self.diagnostics = bool(diagnostics)
@@ -164,8 +170,7 @@ class DPOptimizer(Optimizer):
 
     def set_noise_multiplier(self, sigma: float) -> None:
         """Change σ from the next step on (each step's record carries the σ its noise was drawn with)."""
-        spec = self.noise_spec
-        self.noise_spec = NoiseSpec(noise_multiplier=float(sigma), clip_norm=spec.clip_norm, clipping=spec.clipping, accounting=spec.accounting)
+        self.noise_spec = replace(self.noise_spec, noise_multiplier=float(sigma))
 
     # --- the record and its guard -----------------------------------------------------------------
     def record(

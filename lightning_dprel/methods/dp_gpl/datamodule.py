@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
+from lightning_dprel.core.datamodule import PrivateDataModule
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.core.specs import LABELLED_NODE
+from lightning_dprel.methods.dp_gpl.accounting import LABELLED_NODE
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
 from lightning_dprel.datamodules.graph_splits import keyed_split, public_id_uniforms
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch, EgoNets
@@ -34,7 +34,7 @@ def _one(batch: Any) -> DataLoader:
     return DataLoader([batch], batch_size=None, collate_fn=lambda b: b)
 
 
-class PromptDataModule(LightningDataModule):
+class PromptDataModule(PrivateDataModule):
     """Public/private halves, teacher groups, queries and the student's answered set of a :class:`NodeSource`.
 
     Args:
@@ -104,6 +104,11 @@ class PromptDataModule(LightningDataModule):
         self.public_nets = EgoNets(data.edge_index, data.num_nodes, ids, visible=self.public, **nets)
         self.teacher_nets = self.public_nets if self.view == "public" else EgoNets(data.edge_index, data.num_nodes, ids, visible=None, **nets)
         self.data = data
+
+    @property
+    def num_private_units(self) -> int:
+        """n: the private labelled nodes (the units a δ is measured against)."""
+        return int(self.private.sum())
 
     @property
     def num_classes(self) -> int:

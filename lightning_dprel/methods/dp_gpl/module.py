@@ -13,20 +13,18 @@ argmax on every query, ε = ∞).
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pytorch_lightning import LightningModule
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dprel.accounting.analysis.pate import rho_for_epsilon
-from lightning_dprel.core.ledger import PrivacyLedger
-from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.core.checks import resolve_delta
+from lightning_dprel.core.events import GaussianRelease
+from lightning_dprel.core.ledger_module import LedgerModule
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, gnmax, pate_releases, vote_histogram
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
@@ -42,8 +40,12 @@ DP_GPL_PAPER_WARNING = (
 )
 
 
-class DPGPLModule(LightningModule):
+class DPGPLModule(LedgerModule):
     """The student of DP-GPL; its fit first trains the teachers and answers the queries (once per model).
+
+    It sits on the ledger layer: every answered query is a charged release (:meth:`planned_releases` tells the
+    :class:`~lightning_dprel.callbacks.PrivacyCallback` what a fit will release, so that the callback calibrates σ to its
+    target and refuses a fit over the budget before the first release).
 
     Args:
         hidden_dim, conv, pretraining, pretrain_epochs, pretrain_lr: Φ and its public pre-training.
@@ -58,6 +60,7 @@ class DPGPLModule(LightningModule):
         mode: ``"provable"`` or ``"paper"`` (adds the published data-dependent ε, warned, under ``published_claim``).
         teacher_chunk: teachers tuned together in one batch.
         noise_seed: None (secret keyed noise); an int makes the votes' noise reproducible (voids the guarantee).
+        allow_untracked: answer without a PrivacyCallback (the releases are still charged to the ledger).
     """
 
     report_metrics = (("test_acc", "accuracy"),)
@@ -69,7 +72,7 @@ class DPGPLModule(LightningModule):
                  teacher_lr: float = 0.05, lr: float = 0.01, threshold: float | None = 0.3, sigma_threshold: float = 40.0,
                  sigma_vote: float = 40.0, target_epsilon: float | None = None, delta: float = 1e-5, mode: str = "provable",
                  answer_budget: int | None = None, sigma_ratio: float = 1.0, teacher_chunk: int = 25, seed: int = 0,
-                 noise_seed: int | None = None) -> None:
+                 noise_seed: int | None = None, allow_untracked: bool = False) -> None:
         super().__init__()
         if mode not in ("provable", "paper"):
             raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
@@ -91,8 +94,11 @@ class DPGPLModule(LightningModule):
         self.save_hyperparameters()
         if mode == "paper":
             warnings.warn(DP_GPL_PAPER_WARNING, UserWarning, stacklevel=2)
-        self.privacy_ledger = PrivacyLedger()
-        self.noise_source = KeyedStream("dp-gpl/votes", seed=noise_seed, _warn=noise_seed is not None)
+        self._setup_ledger(noise_seed=noise_seed, stream="dp-gpl/votes")
+        self.public_data = {"graph": "Φ pre-trained on G_pub (public nodes by a public hash of their ids, edges among them, "
+                                     "no labels); queries, student, validation and test on G_pub; private labels reach the "
+                                     "student only through the answered noisy votes"}
+        self._calibration: tuple[float, float] | None = None  # (ε, δ) the privacy callback calibrated σ for
         self.student: PromptedModel | None = None
         self.answers: Answers | None = None
         self.paper_claim: dict[str, Any] = {}
@@ -123,41 +129,33 @@ class DPGPLModule(LightningModule):
         self._build(dm.num_features, dm.num_classes, dm.hops)
         pretrain(self.encoder, *dm.public_graph(), method=hp.pretraining, epochs=hp.pretrain_epochs, lr=hp.pretrain_lr, seed=hp.seed)
         self.view = dm.view
+        resolve_delta(hp.delta, dm.privacy_unit, dm.num_private_units, warn=True, who=f"{type(self).__name__}: ")
 
     # --- checkpoints and export: the student, Φ (public), the released answers and the ledger -------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)  # the ledger (never the paper mode's data-dependent ε: it is private)
         answers = None if self.answers is None else {"answered": self.answers.answered, "labels": self.answers.labels}
         if answers is not None:
             answers["queries"] = self.query_ids
-        checkpoint["lightning_dprel"] = {"ledger": self.privacy_ledger.state_dict(), "answers": answers, "dims": self.dims,
-                                         "view": self.view, "query_groups": self.query_groups}
-        # never the paper mode's data-dependent ε: it is private
+        checkpoint["lightning_dprel"].update(answers=answers, dims=self.dims, view=self.view, query_groups=self.query_groups)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["lightning_dprel"]
         self._build(**state["dims"])
-        self.privacy_ledger.load_state_dict(state["ledger"])
+        super().on_load_checkpoint(checkpoint)
         if state["answers"] is not None:
             self.answers = Answers(state["answers"]["answered"], state["answers"]["labels"])
             self.query_ids = state["answers"].get("queries")
         self.view, self.query_groups = state["view"], state.get("query_groups")
 
-    def export(self, folder: str | Path) -> Path:
-        """Write what is released: the student prompt and head with Φ (``weights.safetensors``), ``model.json``,
-        ``privacy.json`` (:meth:`privacy_report`) and ``ledger.json``; no teacher, vote or key leaves the run."""
-        from safetensors.torch import save_file
-
+    def released_weights(self) -> dict[str, torch.Tensor]:
+        """The student prompt and head with Φ; no teacher, vote or key leaves the run."""
         if self.student is None or self.answers is None:
             raise RuntimeError("Nothing to export: fit the module first (its student is what DP-GPL releases).")
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.student.state_dict().items()}
-        save_file(weights, str(out / "weights.safetensors"), metadata={"format": "pt"})
-        meta = {"class_path": f"{type(self).__module__}.{type(self).__name__}", "hparams": dict(self.hparams), **self.dims}
-        (out / "model.json").write_text(json.dumps(meta, indent=2, default=str))
-        (out / "privacy.json").write_text(json.dumps(self.privacy_report(), indent=2, default=str))
-        (out / "ledger.json").write_text(json.dumps(self.privacy_ledger.state_dict(), indent=2))
-        return out
+        return dict(self.student.state_dict())
+
+    def export_meta(self) -> dict[str, Any]:
+        return {**super().export_meta(), **(self.dims or {})}
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.student.trainable(), lr=self.hparams.lr)
@@ -167,16 +165,41 @@ class DPGPLModule(LightningModule):
     def sigmas(self) -> tuple[float | None, float]:
         """(σ₁, σ₂); σ₁ is None without a threshold."""
         hp = self.hparams
-        if hp.target_epsilon is None:
+        target, delta = self._calibration or (hp.target_epsilon, hp.delta)
+        if target is None:
             return (None if hp.threshold is None else float(hp.sigma_threshold)), float(hp.sigma_vote)
         queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_vote_queries
-        rho = rho_for_epsilon(hp.target_epsilon, hp.delta)  # ρ = Q/(2σ₁²) + A/σ₂² (vote sensitivity √2)
+        rho = rho_for_epsilon(target, delta)  # ρ = Q/(2σ₁²) + A/σ₂² (vote sensitivity √2)
         if hp.threshold is None:  # only vote releases
             return None, math.sqrt(queries / rho)
         slots = queries if hp.answer_budget is None else min(hp.answer_budget, queries)
         r = 1.0 if slots == queries else float(hp.sigma_ratio)
         s2 = math.sqrt((queries / (2.0 * r * r) + slots) / rho)
         return r * s2, s2
+
+    @property
+    def is_private(self) -> bool:
+        return self.sigmas[1] > 0 and self.view != "full"
+
+    @property
+    def declared_delta(self) -> float:
+        return float(self.hparams.delta)
+
+    def planned_releases(self) -> list[GaussianRelease]:
+        """The releases the next fit charges: none once the queries are answered, else every query's (Alg. 2, step 4)."""
+        if self.answers is not None:
+            return []
+        if not self.is_private:
+            raise ValueError(f"{type(self).__name__}: noise-free votes or the full-graph view have no finite ε; no privacy "
+                             "callback can track them (remove it, and read the run as a non-private reference).")
+        s1, s2 = self.sigmas
+        return list(pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=self.trainer.datamodule.num_vote_queries,
+                                  answer_slots=self.hparams.answer_budget))
+
+    def calibrate_releases(self, target_epsilon: float, delta: float) -> None:
+        """σ so that the queries spend exactly ``target_epsilon`` at ``delta`` (data-independent, :func:`rho_for_epsilon`)."""
+        if self.answers is None:  # a hair below the target, so that rounding never puts ε above it
+            self._calibration = (float(target_epsilon) * (1.0 - 1e-9), float(delta))
 
     def vote(self, dm: PromptDataModule) -> torch.Tensor:
         """Votes [N, Q] of N teachers, each tuned on its own group only (Alg. 2, steps 2-3)."""
@@ -186,6 +209,7 @@ class DPGPLModule(LightningModule):
                                        chunk=int(self.hparams.teacher_chunk), seed=int(self.hparams.seed))
 
     def on_fit_start(self) -> None:
+        super().on_fit_start()  # refuses an untracked private fit before any release
         dm = self.trainer.datamodule
         if self.answers is None:  # the queries are answered once per model: a second fit never re-queries
             votes = self.vote(dm)
@@ -199,14 +223,14 @@ class DPGPLModule(LightningModule):
             elif s1 is None:
                 self.answers = gnmax(counts, sigma_vote=s2, stream=self.noise_source)
                 for event in pate_releases(sigma_threshold=None, sigma_vote=s2, queries=counts.shape[0]):
-                    self.privacy_ledger.charge(event)
+                    self.charge(event)
             else:
                 T = self.hparams.threshold * dm.num_teachers
                 budget = self.hparams.answer_budget
                 self.answers = confident_gnmax(counts, threshold=T, sigma_threshold=s1, sigma_vote=s2, stream=self.noise_source,
                                                max_answers=budget)
                 for event in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=counts.shape[0], answer_slots=budget):
-                    self.privacy_ledger.charge(event)
+                    self.charge(event)
                 if self.hparams.mode == "paper":
                     self._paper_claim(counts, T, s1, s2)
         ids = dm.data.node_id[dm.queries]
@@ -222,14 +246,17 @@ class DPGPLModule(LightningModule):
         from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 
         rdp = pate_data_dependent_rdp(counts.numpy(), T, s1, s2, DEFAULT_ORDERS, answered=self.answers.answered.numpy())
-        eps = epsilon_from_rdp(rdp, DEFAULT_ORDERS, self.hparams.delta)
+        eps = epsilon_from_rdp(rdp, DEFAULT_ORDERS, self.report_delta())
         self.paper_claim = {"data_dependent_epsilon": float(eps), "warning": DP_GPL_PAPER_WARNING}
+
+    def report_delta(self, delta: float | None = None) -> float:
+        return float(super().report_delta(delta) or self.hparams.delta)
 
     def epsilon(self, delta: float | None = None) -> float:
         """The provable ε of the released student: the ledger's, ∞ without noise or with ``view="full"``."""
         if self.answers is None or self.view == "full" or not self.privacy_ledger.segments:
             return math.inf
-        return float(self.privacy_ledger.epsilon(self.hparams.delta if delta is None else delta))
+        return super().epsilon(delta)
 
     # --- the student (public queries and released labels only: post-processing) ------------------------
     def training_step(self, batch, batch_idx: int):
@@ -251,29 +278,22 @@ class DPGPLModule(LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._accuracy(batch, self.test_acc, "test_acc")
 
-    def privacy_claims(self) -> dict[str, Any]:
-        """The paper mode's data-dependent ε, in memory only (a function of the private votes: never exported)."""
-        return {"mode": "paper", **self.paper_claim} if self.paper_claim else {}
-
-    def privacy_report(self) -> dict[str, Any]:
-        """privacy.json: the provable ε, the unit, what was released (answered labels), and any published claim."""
+    def privacy_details(self) -> dict[str, Any]:
+        """privacy.json's PATE fields: what was released (answered labels), σ₁, σ₂, T and the view."""
         s1, s2 = self.sigmas
-        eps = self.epsilon()
-        return {"epsilon": eps if math.isfinite(eps) else "inf", "delta": self.hparams.delta,
-                "privacy_unit": str(PromptDataModule.privacy_unit), "mechanism": f"{self._mechanism}, data-independent",
-                "query_groups": self.query_groups,
+        return {"mechanism": f"{self._mechanism}, data-independent", "query_groups": self.query_groups,
                 "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
                 "answered": self.answers.num_answered if self.answers is not None else 0,
                 "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
                 "answer_budget": self.hparams.answer_budget,
-                "public_data": "Φ pre-trained on G_pub (public nodes by a public hash of their ids, edges among them, no "
-                               "labels); queries, student, validation and test on G_pub; private labels reach the "
-                               "student only through the answered noisy votes",
                 **({"published_claim": "computed in paper mode and kept in memory only (module.paper_claim): the "
                                        "data-dependent ε is a function of the private votes and is not released"}
                    if self.paper_claim else {})}
 
-    def privacy_summary(self) -> dict[str, Any] | None:
+    def privacy_claims(self) -> dict[str, Any]:
+        return {}  # the paper mode's data-dependent ε is private (module.paper_claim); privacy_details says so
+
+    def privacy_summary(self, *, target: float | None = None) -> dict[str, Any] | None:
         """The CLI's privacy line: ε of the answered queries (or why none holds)."""
         if self.answers is None:
             return None
@@ -282,7 +302,7 @@ class DPGPLModule(LightningModule):
             why = "full-graph view: one node reaches many teachers" if self.view == "full" else "noise-free votes"
             return {"text": f"epsilon = inf ({why}); {r['answered']} of {r['queries']} queries answered"}
         gate = "" if r["sigma_threshold"] is None else f"sigma_threshold = {r['sigma_threshold']:.4g}, "
-        return {"text": f"epsilon = {eps:.4f} (delta = {self.hparams.delta:.3g}, unit: labelled node), {r['queries']} "
+        return {"text": f"epsilon = {eps:.4f} (delta = {r['delta']:.3g}, unit: labelled node), {r['queries']} "
                         f"{'queries' if self.query_groups is None else 'query groups'} ({r['answered']} answered), {gate}"
                         f"sigma_vote = {r['sigma_vote']:.4g}, accounting: {self._mechanism}, data-independent"}
 
