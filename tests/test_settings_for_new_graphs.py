@@ -200,3 +200,25 @@ def test_a_fit_after_the_estimate_spends_at_most_the_budget_with_the_sliver_in_t
     assert [s.mechanism for s in module.privacy_ledger.segments][0] == "gaussian"
     assert math.isclose(priv.noise_multiplier, settings.noise_multiplier, rel_tol=0.02)  # the callback paid for the sliver too
     assert 0.97 * 4.0 <= priv.epsilon <= 4.0
+
+
+def test_the_estimate_travels_with_the_data_so_any_model_trained_on_it_is_charged_once():
+    from pytorch_lightning import Trainer
+
+    from lightning_dprel.callbacks import PrivacyCallback
+
+    def make(**kw):
+        return RelationalDataModule(_Source(), neg_per_pos=1, sampling_seed=1, directed=True, **kw)
+
+    dm, settings = choose_settings(make, target_epsilon=4.0, module=_module(), degree_cap=DPDegreeCap(k_max=12, stream=_seeded()),
+                                   steps=8)
+    other = _module()  # not the module choose_settings was given: it trains on the same data, so it pays for the estimate
+    for callback in (PrivacyCallback(target_epsilon=4.0, delta=settings.delta, calibrate=True), PrivacyCallback(delta=settings.delta)):
+        Trainer(max_steps=settings.steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0,
+                callbacks=[callback]).fit(other, dm)
+        releases = [s for s in other.privacy_ledger.segments if s.mechanism == "gaussian"]
+        assert len(releases) == 1 and releases[0].steps == 1  # a second fit on the same data charges it no second time
+        if callback.target_epsilon is not None:
+            assert other.privacy_ledger.private_steps == settings.steps and 0.97 * 4.0 <= callback.epsilon <= 4.0
+    assert other.privacy_ledger.state_dict()["data_releases"] == [dm.data_releases[0][0]]

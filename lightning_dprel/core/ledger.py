@@ -66,6 +66,7 @@ class PrivacyLedger:
         self._sample: object = None  # token of the sample the last release was made on
         self._sample_records: list[StepRecord] = []
         self._checked: tuple[str, str] | None = None  # (mechanism, clipping) checked for this fit's sampling
+        self._release_ids: set[str] = set()  # data releases already charged (they travel with the data)
 
     # --- writing -------------------------------------------------------------------------------------
     def open(self, sampling: SamplingSpec | None) -> None:
@@ -113,6 +114,14 @@ class PrivacyLedger:
             step = SampledGaussianStep((event,))
         self._charge_step(step)
         self._sample, self._sample_records = sample, list(step.records)
+
+    def charge_once(self, event: GaussianRelease, release_id: str) -> bool:
+        """Charge a release made on the data (it travels with the data) unless this ledger already holds its id."""
+        if release_id in self._release_ids:
+            return False
+        self.charge(event)
+        self._release_ids.add(str(release_id))
+        return True
 
     def _charge_step(self, step: SampledGaussianStep) -> None:
         sampling = self.sampling
@@ -247,7 +256,7 @@ class PrivacyLedger:
     def after(self, events: "list[GaussianRelease]") -> "PrivacyLedger":
         """A copy of this ledger with ``events`` charged too (what spending them would cost; this ledger is unchanged)."""
         copy = PrivacyLedger()
-        copy.load_state_dict(self.state_dict())
+        copy.load_state_dict(self.state_dict())  # ids included
         for event in events:
             copy.charge(event)
         return copy
@@ -257,6 +266,7 @@ class PrivacyLedger:
         """Plain Python (SamplingSpecs as dicts): safe to store in a checkpoint; holds no secret."""
         return {
             "version": 2,
+            "data_releases": sorted(self._release_ids),
             "segments": [
                 {**_fields(s), "sampling": None if s.sampling is None else s.sampling.to_dict()}
                 for s in self._segments
@@ -273,6 +283,7 @@ class PrivacyLedger:
             segments.append(Segment(raw["mechanism"], sampling, float(raw["noise_multiplier"]), float(raw["clip_norm"]),
                                     raw["clipping"], int(raw["steps"]), int(raw.get("releases", 1)), unit))
         self._segments = segments
+        self._release_ids = set(state.get("data_releases", ()))
         self._cache.clear()
         self._sample, self._sample_records = None, []
 

@@ -110,6 +110,12 @@ class LedgerModule(LightningModule):
         if noise is not None:
             self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
         self._fit_opened = True
+        self.charge_data_releases(self.trainer.datamodule)
+
+    def charge_data_releases(self, datamodule: Any) -> None:
+        """Charge the releases made on ``datamodule``'s data before training (each once per model)."""
+        for release_id, event in getattr(datamodule, "data_releases", ()):
+            self.privacy_ledger.charge_once(event, release_id)
 
     @property
     def is_private(self) -> bool:

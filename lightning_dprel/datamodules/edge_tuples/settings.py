@@ -175,28 +175,32 @@ def suggest_settings(
 
 
 def choose_settings(
-    make_datamodule: Callable[..., Any], *, target_epsilon: float, module: Any, degree_cap: DPDegreeCap | None = None,
+    make_datamodule: Callable[..., Any], *, target_epsilon: float, module: Any = None, degree_cap: DPDegreeCap | None = None,
     **suggest: Any,
 ) -> tuple[Any, Settings]:
     """The recipe for a new graph: ``make_datamodule(max_degree=..., expected_batch_size=...)`` builds a
-    :class:`RelationalDataModule`; a probe capped at ``degree_cap.k_max`` gives the DP estimate of K, charged to
-    ``module``'s ledger at once (``module.charge``); the final datamodule is capped at K with b = γ·m.
+    :class:`RelationalDataModule`; a probe capped at ``degree_cap.k_max`` gives the DP estimate of K; the final datamodule
+    is capped at K with b = γ·m and carries the estimate as a data release (:meth:`PrivateDataModule.record_release`), so
+    whichever model trains on it is charged for it once (``module``, if given, at once).
     """
     for name in ("max_degree", "spent"):
         if name in suggest:
             raise TypeError(f"choose_settings sets `{name}` itself (from the DP estimate); do not pass it.")
-    if not callable(getattr(module, "charge", None)):
-        raise TypeError("`module` must be a PrivateModule (it is charged for the estimate), got "
+    if module is not None and not callable(getattr(module, "charge_data_releases", None)):
+        raise TypeError("`module` must be None or a lightning_dprel private model (a PrivateModule; it is charged for the estimate), got "
                         f"{type(module).__name__}.")
     cap = degree_cap if degree_cap is not None else DPDegreeCap()
     probe = make_datamodule(max_degree=cap.k_max, expected_batch_size=1)
     probe.setup("fit")
     estimate = cap.estimate(probe.train_edges, probe.sampling_spec.num_nodes)
-    module.charge(estimate.release)  # released now: charged whatever happens next
     sized = make_datamodule(max_degree=estimate.max_degree, expected_batch_size=1)
     sized.setup("fit")
     spec = sized.sampling_spec
     settings = suggest_settings(spec.num_edges, spec.num_nodes, target_epsilon=target_epsilon, max_degree=estimate.max_degree,
                                 spent=(estimate.release,), **suggest)
     settings = Settings(**{**settings.__dict__, "degree_cap": estimate})
-    return make_datamodule(max_degree=estimate.max_degree, expected_batch_size=settings.expected_batch_size), settings
+    final = make_datamodule(max_degree=estimate.max_degree, expected_batch_size=settings.expected_batch_size)
+    final.record_release(estimate.release)  # the estimate travels with the data: any model trained on it is charged
+    if module is not None:
+        module.charge_data_releases(final)  # released now: charged whatever happens next
+    return final, settings
