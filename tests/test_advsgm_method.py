@@ -7,12 +7,12 @@ import json
 from functools import partial
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch_geometric.data import Data
 
 from lightning_dprel.accounting.mechanisms.advsgm import advsgm_paper_epsilon, advsgm_paper_stop_iteration
 from lightning_dprel.callbacks import PrivacyCallback
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.export import export_model
 from lightning_dprel.grad_sample.ghost import ghost_grads, ghost_plan
 from lightning_dprel.grad_sample.per_tuple import per_tuple_grads
@@ -30,17 +30,11 @@ def _blocks(n: int = 120, blocks: int = 4, seed: int = 0) -> Data:
     return Data(edge_index=torch.stack([a[keep], b[keep]]), num_nodes=n, y=y)
 
 
-def _trainer(steps: int, callbacks=(), **kw) -> pl.Trainer:
-    return pl.Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu",
-                      callbacks=list(callbacks), **kw)
-
-
 def test_provable_fit_spends_at_most_the_budget_for_the_public_ids_unit():
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, lr=0.05)
     cb = PrivacyCallback(target_epsilon=3.0, delta=1e-5, calibrate=True)
-    _trainer(30, [cb]).fit(module, dm)
+    quiet_trainer([cb], max_steps=30).fit(module, dm)
     assert module.privacy_ledger.private_mechanism == "skipgram_public_ids"
     assert dm.sampling_spec.privacy_unit == "node_public_ids"
     assert 0 < module.privacy_ledger.epsilon(1e-5) <= 3.0
@@ -52,7 +46,7 @@ def test_a_mechanism_proven_for_another_unit_is_refused(public_ids, accounting):
     dm = SkipGramDataModule(_blocks(), public_ids=public_ids, max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, accounting=accounting)
     with pytest.raises(ValueError, match="Privacy unit mismatch"):
-        _trainer(2, [PrivacyCallback(target_epsilon=3.0, delta=1e-5, calibrate=True)]).fit(module, dm)
+        quiet_trainer([PrivacyCallback(target_epsilon=3.0, delta=1e-5, calibrate=True)], max_steps=2).fit(module, dm)
 
 
 def test_private_node_set_uses_the_standard_accounting_and_costs_more():
@@ -61,7 +55,7 @@ def test_private_node_set_uses_the_standard_accounting_and_costs_more():
     eps = {}
     for name, dm, acc in (("public", dm_pub, "skipgram_public_ids"), ("private", dm_priv, "standard")):
         module = DPSkipGramModule(dim=8, accounting=acc, noise_multiplier=1.5)
-        _trainer(20, [PrivacyCallback(delta=1e-5)]).fit(module, dm)
+        quiet_trainer([PrivacyCallback(delta=1e-5)], max_steps=20).fit(module, dm)
         eps[name] = module.privacy_ledger.epsilon(1e-5)
     assert eps["public"] < eps["private"]
 
@@ -91,7 +85,7 @@ def test_ghost_clipping_equals_per_tuple_autograd_on_the_two_tables(adversarial)
 def test_the_adversarial_generator_trains_on_released_state_only():
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, adversarial=0.5, noise_multiplier=1.0)
-    _trainer(5, [PrivacyCallback(delta=1e-5)]).fit(module, dm)
+    quiet_trainer([PrivacyCallback(delta=1e-5)], max_steps=5).fit(module, dm)
     theta = module.generator.theta.detach().clone()
     # The generator's step reads the released tables and public ids only: the same call on the same tables gives the same step.
     ids, noise = torch.arange(10), torch.zeros(10, 8)
@@ -106,7 +100,7 @@ def _paper(target: float, rule: str = "theorem7"):
     dm = AdvSGMPaperDataModule(data, batch_size=16, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(mode="paper", dim=8, lr=0.1, paper_rounds=15)
     stop = PaperStop(target, rule=rule, max_iterations=100)
-    _trainer(1000, [stop]).fit(module, dm)
+    quiet_trainer([stop], max_steps=1000).fit(module, dm)
     return dm, module, stop
 
 
@@ -129,7 +123,7 @@ def test_the_paper_mode_stops_where_its_accounting_says_and_is_labelled_infinite
 def test_a_provable_model_is_saved_reloaded_and_exported(tmp_path):
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8)
-    trainer = _trainer(4, [PrivacyCallback(target_epsilon=5.0, delta=1e-5, calibrate=True)])
+    trainer = quiet_trainer([PrivacyCallback(target_epsilon=5.0, delta=1e-5, calibrate=True)], max_steps=4)
     trainer.fit(module, dm)
     trainer.save_checkpoint(tmp_path / "m.ckpt")
     again = DPSkipGramModule.load_from_checkpoint(tmp_path / "m.ckpt")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from torch_geometric.data import Data
 
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModule, SkipGramDataModule
 from lightning_dprel.methods.advsgm.losses import constrained_sigmoid, softclip
 
@@ -20,11 +20,6 @@ def _graph(n: int = 60, m: int = 240, seed: int = 0) -> Data:
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, n - 1, (2, m), generator=g)  # node n − 1 is the canary: no edge yet
     return Data(edge_index=ei[:, ei[0] != ei[1]], num_nodes=n)
-
-
-def _trainer(steps: int, **kw) -> pl.Trainer:
-    return pl.Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu", **kw)
 
 
 def _with_canary(data: Data, u: int, w: int) -> Data:
@@ -43,7 +38,7 @@ def _paper_run(data: Data, steps: int) -> DPSkipGramModule:
     """``steps`` iterations of the paper-faithful pipeline (seeded: a test)."""
     dm = AdvSGMPaperDataModule(data, test_source=data, batch_size=40, neg_per_pos=2, sampling_seed=3, steps_per_epoch=5)
     module = DPSkipGramModule(mode="paper", num_nodes=data.num_nodes, dim=8, lr=0.1, noise_seed=4, paper_rounds=5, paper_generator_steps=1)
-    _trainer(2 * steps).fit(module, dm)  # two optimizer steps (a positive and a negative update) per iteration
+    quiet_trainer(max_steps=2 * steps).fit(module, dm)  # two optimizer steps (a positive and a negative update) per iteration
     return module
 
 
@@ -67,7 +62,7 @@ def test_every_row_of_both_tables_moves_in_provable_mode():
     dm = SkipGramDataModule(base, max_degree=4, expected_batch_size=8, neg_per_pos=2, sampling_seed=1)
     module = DPSkipGramModule(num_nodes=60, dim=8, noise_multiplier=1.0, noise_seed=2, allow_untracked=True)
     before = [module.node_vectors.clone(), module.context_vectors.clone()]
-    _trainer(1).fit(module, dm)
+    quiet_trainer(max_steps=1).fit(module, dm)
     after = [module.node_vectors, module.context_vectors]
     for b, a in zip(before, after):
         assert bool(((a - b).abs() > 0).all())  # the canary's rows (never sampled) included

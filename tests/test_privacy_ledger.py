@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pytorch_lightning import Callback, Trainer
+from pytorch_lightning import Callback
 
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.accounting import Accountant, get_mechanism, per_step_rdp, register_mechanism
 from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.core.ledger import PrivacyLedger, StepRecord
 from lightning_dprel.methods.relational.module import DPRelationalModule
@@ -36,13 +37,6 @@ def _module(sigma: float = 1.5, **kw) -> DPRelationalModule:
     return DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), noise_multiplier=sigma, noise_seed=0, **kw)
 
 
-def _trainer(callbacks=(), **kw) -> Trainer:
-    base = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                accelerator="cpu", devices=1, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1)
-    base.update(kw)
-    return Trainer(callbacks=list(callbacks), **base)
-
-
 def _independent_eps(mechanism: str, runs, delta: float) -> float:
     acc = Accountant(mechanism)
     for sampling, sigma, steps in runs:
@@ -53,10 +47,10 @@ def _independent_eps(mechanism: str, runs, delta: float) -> float:
 def test_fitting_twice_continues_the_ledger():
     module, dm = _module(), _dm()
     first = PrivacyCallback(target_epsilon=50.0, delta=1e-5)
-    _trainer([first], max_steps=10).fit(module, datamodule=dm)
+    quiet_trainer([first], max_steps=10).fit(module, datamodule=dm)
     after_first = first.epsilon
     second = PrivacyCallback(target_epsilon=50.0, delta=1e-5)  # a new trainer and a new callback
-    _trainer([second], max_steps=10).fit(module, datamodule=_dm())
+    quiet_trainer([second], max_steps=10).fit(module, datamodule=_dm())
     spec = dm.sampling_spec
     assert module.privacy_ledger.private_steps == second.steps == 20
     assert after_first == pytest.approx(_independent_eps("standard", [(spec, 1.5, 10)], 1e-5), rel=1e-12)
@@ -70,9 +64,9 @@ def test_a_second_fit_stops_where_the_budget_of_all_steps_ends():
     spec = dm.sampling_spec
     eps = [_independent_eps("standard", [(spec, 1.5, t)], 1e-5) for t in (14, 15)]
     target = 0.5 * (eps[0] + eps[1])
-    _trainer([PrivacyCallback(target_epsilon=target, delta=1e-5)], max_steps=10).fit(module, datamodule=dm)
+    quiet_trainer([PrivacyCallback(target_epsilon=target, delta=1e-5)], max_steps=10).fit(module, datamodule=dm)
     again = PrivacyCallback(target_epsilon=target, delta=1e-5)
-    _trainer([again], max_steps=10).fit(module, datamodule=_dm())
+    quiet_trainer([again], max_steps=10).fit(module, datamodule=_dm())
     assert module.privacy_ledger.private_steps == 14 and again.epsilon <= target  # 4 more, not 10
 
 
@@ -82,9 +76,9 @@ def test_resume_from_an_earlier_checkpoint_charges_every_ledger_step(tmp_path):
 
     module, dm = _module(), _dm()
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1, filename="{step}")
-    _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5), ckpt], max_steps=10, enable_checkpointing=True).fit(module, datamodule=dm)
+    quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5), ckpt], max_steps=10, enable_checkpointing=True).fit(module, datamodule=dm)
     resumed_module, resumed = _module(), PrivacyCallback(target_epsilon=50.0, delta=1e-5)
-    _trainer([resumed], max_steps=12).fit(resumed_module, datamodule=_dm(), ckpt_path=str(tmp_path / "step=4.ckpt"))
+    quiet_trainer([resumed], max_steps=12).fit(resumed_module, datamodule=_dm(), ckpt_path=str(tmp_path / "step=4.ckpt"))
     spec = dm.sampling_spec
     assert resumed_module.privacy_ledger.private_steps == resumed.steps == 12  # 4 in the checkpoint + 8
     assert resumed.epsilon == pytest.approx(_independent_eps("standard", [(spec, 1.5, 12)], 1e-5), rel=1e-12)
@@ -93,35 +87,35 @@ def test_resume_from_an_earlier_checkpoint_charges_every_ledger_step(tmp_path):
 def test_a_private_fit_without_the_callback_refuses_or_records():
     module = _module()
     with pytest.raises(RuntimeError, match="no PrivacyCallback"):
-        _trainer(max_steps=3).fit(module, datamodule=_dm())
+        quiet_trainer(max_steps=3).fit(module, datamodule=_dm())
     assert module.privacy_ledger.steps == 0
     opted = _module(allow_untracked=True)
     with pytest.warns(UserWarning, match="without a PrivacyCallback"):
-        _trainer(max_steps=3).fit(opted, datamodule=_dm())
+        quiet_trainer(max_steps=3).fit(opted, datamodule=_dm())
     assert opted.privacy_ledger.private_steps == 3
     later = PrivacyCallback(target_epsilon=50.0, delta=1e-5)
-    _trainer([later], max_steps=2).fit(opted, datamodule=_dm())  # the untracked steps are charged too
+    quiet_trainer([later], max_steps=2).fit(opted, datamodule=_dm())  # the untracked steps are charged too
     assert later.steps == 5
 
 
 def test_a_non_private_fit_makes_every_later_epsilon_infinite():
     module = _module(sigma=0.0, clipping="standard")
-    _trainer(max_steps=2).fit(module, datamodule=_dm())
+    quiet_trainer(max_steps=2).fit(module, datamodule=_dm())
     assert module.privacy_ledger.unprotected_steps == 2
     module.set_noise_multiplier(1.5)
     with pytest.raises(ValueError, match="without noise"):
-        _trainer([PrivacyCallback(target_epsilon=50.0)], max_steps=2).fit(module, datamodule=_dm())
+        quiet_trainer([PrivacyCallback(target_epsilon=50.0)], max_steps=2).fit(module, datamodule=_dm())
     assert module.privacy_ledger.epsilon(1e-5) == float("inf")
 
 
 def test_calibration_after_private_steps_records_a_new_segment():
     module, dm = _module(sigma=1.5), _dm()
-    _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=10).fit(module, datamodule=dm)
+    quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=10).fit(module, datamodule=dm)
     spec = dm.sampling_spec
     spent = _independent_eps("standard", [(spec, 1.5, 10)], 1e-5)
     target = 2.0 * spent
     calibrated = PrivacyCallback(target_epsilon=target, delta=1e-5, calibrate=True)
-    _trainer([calibrated], max_steps=10).fit(module, datamodule=_dm())
+    quiet_trainer([calibrated], max_steps=10).fit(module, datamodule=_dm())
     segs = module.privacy_ledger.segments
     assert [s.steps for s in segs] == [10, 10] and segs[0].noise_multiplier == 1.5
     sigma = segs[1].noise_multiplier
@@ -151,7 +145,7 @@ def test_every_charged_sigma_is_the_sigma_the_noise_was_drawn_with():
 
     module.noise_source.normal = spy
     cb = PrivacyCallback(target_epsilon=100.0, delta=1e-5)
-    _trainer([_ChangeSigma(3, 2.5), cb], max_steps=7).fit(module, datamodule=dm)
+    quiet_trainer([_ChangeSigma(3, 2.5), cb], max_steps=7).fit(module, datamodule=dm)
     charged = [seg.noise_multiplier * seg.clip_norm for seg in module.privacy_ledger.segments for _ in range(seg.steps)]
     assert drawn == pytest.approx(charged, rel=1e-15) and len(drawn) == 7
     assert [s.noise_multiplier for s in module.privacy_ledger.segments] == [1.5, 2.5]
@@ -178,11 +172,11 @@ def test_a_record_that_contradicts_itself_or_the_sampling_is_refused():
 
 def test_changing_the_clipping_of_a_trained_model_is_refused():
     trained = _module(sigma=1.5, clipping="standard")
-    _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=2).fit(trained, datamodule=_dm())
+    quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=2).fit(trained, datamodule=_dm())
     other = _module(sigma=1.5, clipping="freq")
     other.privacy_ledger.load_state_dict(trained.privacy_ledger.state_dict())
     with pytest.raises(ValueError, match="already spent 2 private steps"):
-        _trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=2).fit(other, datamodule=_dm())
+        quiet_trainer([PrivacyCallback(target_epsilon=50.0, delta=1e-5)], max_steps=2).fit(other, datamodule=_dm())
 
 
 def test_a_registered_mechanism_is_usable_end_to_end():
@@ -196,12 +190,12 @@ def test_a_registered_mechanism_is_usable_end_to_end():
                            description="twice Theorem C.1 (a looser bound, for the test)")
     module, dm = _module(sigma=1.5, clipping="standard", accounting=name), _dm()
     cb = PrivacyCallback(target_epsilon=80.0, delta=1e-5)
-    _trainer([cb], max_steps=4).fit(module, datamodule=dm)
+    quiet_trainer([cb], max_steps=4).fit(module, datamodule=dm)
     assert cb.mechanism == name and get_mechanism(name).label in cb.summary
     assert cb.epsilon == pytest.approx(_independent_eps(name, [(dm.sampling_spec, 1.5, 4)], 1e-5), rel=1e-12)
     assert cb.epsilon > _independent_eps("standard", [(dm.sampling_spec, 1.5, 4)], 1e-5)
     with pytest.raises(ValueError, match="does not bound clipping='freq'"):
-        _trainer([PrivacyCallback(target_epsilon=80.0)], max_steps=1).fit(_module(clipping="freq", accounting=name), datamodule=_dm())
+        quiet_trainer([PrivacyCallback(target_epsilon=80.0)], max_steps=1).fit(_module(clipping="freq", accounting=name), datamodule=_dm())
 
 
 def test_budget_is_a_pure_decision():
@@ -223,12 +217,12 @@ def test_a_run_accounted_by_eq3_can_be_charged_with_the_corrected_bound_but_not_
     """Issue 15: the audit reports the corrected ε of a FREQ-CLIP run trained with the paper's accounting."""
     module, dm = _module(clipping="freq", accounting="paper"), _dm()
     with pytest.warns(UserWarning, match="Proposition 4.1"):  # the paper's Eq. 3 is named as such
-        _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=6).fit(module, datamodule=dm)
+        quiet_trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=6).fit(module, datamodule=dm)
     ledger = module.privacy_ledger
     paper, corrected = ledger.epsilon(1e-5), ledger.epsilon(1e-5, mechanism="freq_corrected")
     assert corrected == pytest.approx(_independent_eps("freq_corrected", [(dm.sampling_spec, 1.5, 6)], 1e-5), rel=1e-9)
     assert corrected > paper
     module2, dm2 = _module(clipping="freq"), _dm()
-    _trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=2).fit(module2, datamodule=dm2)
+    quiet_trainer([PrivacyCallback(target_epsilon=500.0, delta=1e-5)], max_steps=2).fit(module2, datamodule=dm2)
     with pytest.raises(ValueError, match="contradicts the module"):
         module2.privacy_ledger.epsilon(1e-5, mechanism="freq_paper")

@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 
 from lightning_dprel.accounting import Accountant, get_mechanism, registered_mechanisms
 from lightning_dprel.callbacks import PrivacyCallback
@@ -18,6 +17,7 @@ from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.datasets.nodes import SyntheticNodes
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.core.events import StepRecord
 from lightning_dprel.methods.dp_gcn.gnn import GNNClassifier
@@ -27,13 +27,6 @@ from lightning_dprel.methods.dp_gcn.module import DPNodeModule
 from lightning_dprel.core.specs import ENTITY, NODE_IN_SUBGRAPH, PRIVACY_UNITS, PrivacyUnit, SamplingSpec, register_privacy_unit
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|does not have many workers|paper_faithful).*")
-
-
-def _trainer(callbacks=(), **kw) -> Trainer:
-    base = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                accelerator="cpu", devices=1, limit_val_batches=0, num_sanity_val_steps=0, max_epochs=-1, max_steps=30)
-    base.update(kw)
-    return Trainer(callbacks=list(callbacks), **base)
 
 
 def _relational_dm() -> RelationalDataModule:
@@ -57,7 +50,7 @@ def test_relational_module_with_a_subgraph_mechanism_is_refused_before_the_first
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard",
                                 accounting="subgraph_replace", noise_multiplier=1.0, noise_seed=0)
     with pytest.raises(ValueError, match=r"(?s)Privacy unit mismatch.*'subgraph_replace'.*'node_in_subgraph'.*'entity'"):
-        _trainer([PrivacyCallback()]).fit(module, datamodule=dm)
+        quiet_trainer([PrivacyCallback()], max_steps=30).fit(module, datamodule=dm)
     assert module.privacy_ledger.steps == 0
 
 
@@ -65,7 +58,7 @@ def test_untracked_fit_checks_the_unit_too():
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard",
                                 accounting="subgraph_replace", noise_multiplier=1.0, noise_seed=0, allow_untracked=True)
     with pytest.raises(ValueError, match=r"Privacy unit mismatch.*'subgraph_replace'"):
-        _trainer().fit(module, datamodule=_relational_dm())
+        quiet_trainer(max_steps=30).fit(module, datamodule=_relational_dm())
     assert module.privacy_ledger.steps == 0
 
 
@@ -74,13 +67,13 @@ def test_node_module_with_an_entity_mechanism_is_refused_before_the_first_step()
                           noise_seed=0)
     assert module.noise_spec.mechanism == "standard"  # Theorem C.1, proven for entities
     with pytest.raises(ValueError, match=r"(?s)Privacy unit mismatch.*'standard'.*'entity'.*'node_in_subgraph'"):
-        _trainer([PrivacyCallback()]).fit(module, datamodule=_node_dm())
+        quiet_trainer([PrivacyCallback()], max_steps=30).fit(module, datamodule=_node_dm())
     assert module.privacy_ledger.steps == 0
 
 
 def test_the_matching_mechanisms_still_train():
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
-    _trainer([PrivacyCallback(delta=1e-4)], max_steps=3).fit(module, datamodule=_node_dm())
+    quiet_trainer([PrivacyCallback(delta=1e-4)], max_steps=3).fit(module, datamodule=_node_dm())
     assert module.privacy_ledger.private_steps == 3 and module.privacy_ledger.unit == NODE_IN_SUBGRAPH.name
 
 
@@ -133,7 +126,7 @@ def test_node_level_delta_default_and_warning_count_nodes_not_subgraphs():
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _trainer([callback], max_steps=2).fit(module, datamodule=dm)
+        quiet_trainer([callback], max_steps=2).fit(module, datamodule=dm)
     assert not [w for w in seen if "not below 1/n" in str(w.message)]  # the default δ itself is below 1/n
     assert callback.delta == pytest.approx(1.0 / (10 * nodes))
     assert callback.delta < 1.0 / nodes < 1.0 / spec.num_edges  # was 1/(number of subgraphs) = 0.1
@@ -141,7 +134,7 @@ def test_node_level_delta_default_and_warning_count_nodes_not_subgraphs():
     loose = PrivacyCallback(delta=2.0 / nodes)  # below 1/subgraphs = 0.1, not below 1/nodes
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
     with pytest.warns(UserWarning, match=rf"not below 1/n = .* \(n = {nodes} nodes\)"):
-        _trainer([loose], max_steps=1).fit(module, datamodule=_node_dm())
+        quiet_trainer([loose], max_steps=1).fit(module, datamodule=_node_dm())
 
 
 def test_entity_delta_default_is_still_one_over_m_and_warns_against_entities():
@@ -150,7 +143,7 @@ def test_entity_delta_default_is_still_one_over_m_and_warns_against_entities():
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
                                 noise_seed=0)
     with pytest.warns(UserWarning, match=r"not below 1/n = .* \(n = \d+ entities\)"):  # 1/m is not below 1/(entities)
-        _trainer([callback], max_steps=1).fit(module, datamodule=dm)
+        quiet_trainer([callback], max_steps=1).fit(module, datamodule=dm)
     assert callback.delta == pytest.approx(1.0 / dm.sampling_spec.num_edges)
     assert dm.sampling_spec.units == dm.sampling_spec.num_nodes and math.isfinite(callback.epsilon)
     assert torch.isfinite(torch.tensor(callback.epsilon))
@@ -166,7 +159,7 @@ def test_a_stand_in_mechanism_for_another_unit_is_refused_and_module_mechanisms_
                        overwrite=True)
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
     with pytest.raises(ValueError, match=r"(?s)Privacy unit mismatch.*'test_per_example_stand_in'.*'example'"):
-        _trainer([PrivacyCallback(mechanism="test_per_example_stand_in")], max_steps=2).fit(module, datamodule=_node_dm())
+        quiet_trainer([PrivacyCallback(mechanism="test_per_example_stand_in")], max_steps=2).fit(module, datamodule=_node_dm())
     assert module.privacy_ledger.steps == 0
     with pytest.raises(ValueError, match="must name the unit"):
         register_mechanism("test_unitless", lambda s, sig, a: np.asarray(a), description="no unit", privacy_unit=None,
@@ -201,7 +194,7 @@ def test_an_exported_node_level_report_uses_the_units_delta():
 
     dm = _node_dm()
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
-    _trainer([PrivacyCallback(delta=1e-4)], max_steps=2).fit(module, datamodule=dm)
+    quiet_trainer([PrivacyCallback(delta=1e-4)], max_steps=2).fit(module, datamodule=dm)
     module._trainer, module._saved_delta = None, None  # a saved model without its fit's δ
     report = privacy_report(module)
     assert report["delta"] == pytest.approx(1.0 / (10 * dm.sampling_spec.units))  # not 1/(number of subgraphs)

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 
 from lightning_dprel.callbacks import PrivacyCallback, PublicGradientSubspace, PublicWarmStart, ValidationSelection
 from lightning_dprel.callbacks.public import PublicInterleave, warm_start
@@ -16,6 +15,7 @@ from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.datasets import GraphPair, GraphSource
 from lightning_dprel.datamodules.edge_tuples.public import PublicRelations
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import ResidualAdapter
 from lightning_dprel.export import export_model
 from lightning_dprel.methods.relational.module import DPRelationalModule
@@ -50,12 +50,6 @@ def _module(**kw):
     return DPRelationalModule(ResidualAdapter(DIM, rank=2, directed=True), **args)
 
 
-def _trainer(callbacks, steps=6, **kw):
-    return Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0,
-                   callbacks=callbacks, **kw)
-
-
 def test_public_relations_stay_out_of_the_private_stream_and_the_budget():
     with_public, without = _dm(), _dm(public=None)
     with_public.setup("fit"), without.setup("fit")
@@ -77,7 +71,7 @@ def test_warm_start_and_subspace_charge_nothing_and_privacy_json_names_them(tmp_
     callbacks = [PrivacyCallback(target_epsilon=8.0, delta=1e-5, calibrate=True), ValidationSelection(every_n_steps=3),
                  PublicWarmStart(steps=5, batch_size=32), PublicGradientSubspace(k=3, every_n_steps=2, num_tuples=32),
                  PublicInterleave(every_n_steps=2, batch_size=32)]
-    _trainer(callbacks, steps=6).fit(module, dm)
+    quiet_trainer(callbacks, max_steps=6).fit(module, dm)
     ledger = module.privacy_ledger
     assert ledger.steps == 6 and ledger.private_steps == 6  # the 5 public steps and 3 subspace estimates are not releases
     report = json.loads((export_model(module, tmp_path) / "privacy.json").read_text())
@@ -92,7 +86,7 @@ def test_warm_start_runs_once_and_the_base_model_stays_a_candidate():
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     sel = ValidationSelection(every_n_steps=2)
     wreck = PublicWarmStart(steps=20, lr=50.0, batch_size=32)  # a ruinous warm start: validation must bring the base back
-    trainer = _trainer([sel, wreck], steps=2)
+    trainer = quiet_trainer([sel, wreck], max_steps=2)
     trainer.fit(module, dm)
     assert sel.history[0]["candidate"] == "base" and len(sel.history) >= 2
     assert sel.history[1]["mrr"] < sel.history[0]["mrr"]
@@ -151,4 +145,4 @@ def test_bad_public_inputs_are_refused():
     with pytest.raises(ValueError, match="`steps` must be an int >= 0"):
         PublicWarmStart(steps=-1)
     with pytest.raises(ValueError, match="needs public data"):
-        _trainer([PublicWarmStart(steps=2)], steps=1).fit(_module(clipping="none", noise_multiplier=0.0), _dm(public=None))
+        quiet_trainer([PublicWarmStart(steps=2)], max_steps=1).fit(_module(clipping="none", noise_multiplier=0.0), _dm(public=None))

@@ -11,12 +11,12 @@ import math
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 
 from lightning_dprel.accounting import Accountant
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.core.events import GaussianRelease, SampledGaussianStep, StepRecord, effective_noise_multiplier
 from lightning_dprel.core.ledger import PrivacyLedger
@@ -113,9 +113,7 @@ def test_a_module_releasing_twice_per_batch_reports_the_joint_epsilon():
     module = TwoReleasesPerBatch(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
                                  noise_seed=0)
     callback = PrivacyCallback(delta=1e-5)
-    Trainer(callbacks=[callback], max_steps=20, max_epochs=-1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-            accelerator="cpu").fit(module, datamodule=dm)
+    quiet_trainer([callback], max_steps=20).fit(module, datamodule=dm)
     spec = dm.sampling_spec
     joint, independent = Accountant("standard"), Accountant("standard")
     joint.step(spec, 1.0 / math.sqrt(2), 10)
@@ -126,12 +124,6 @@ def test_a_module_releasing_twice_per_batch_reports_the_joint_epsilon():
 
 
 # ---------------------------------------------------------------------- every path to the ledger merges releases
-def _trainer(callbacks, steps):
-    return Trainer(callbacks=callbacks, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                   accelerator="cpu")
-
-
 def _dm():
     return RelationalDataModule(random_feature_graph(300, 900, dim=8, seed=0), expected_batch_size=12, neg_per_pos=1,
                                 max_degree=3, sampling_seed=1)
@@ -176,7 +168,7 @@ def test_releases_of_one_batch_merge_whatever_the_module_overrides(cls):
     module = cls(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0, noise_seed=0,
                  per_tuple_mode="vmap")  # formed per-tuple gradients, split between the two optimizers
     callback = PrivacyCallback(delta=1e-5)
-    _trainer([callback], 10).fit(module, datamodule=dm)
+    quiet_trainer([callback], max_steps=10).fit(module, datamodule=dm)
     joint = Accountant("standard")
     joint.step(dm.sampling_spec, 1.0 / math.sqrt(2), 5)
     assert callback.steps == 5 and module.privacy_ledger.last_releases == 2
@@ -209,11 +201,11 @@ def test_a_declared_release_count_keeps_the_budget_and_calibration_exact():
     module = DeclaresTwoReleases(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
                                  noise_seed=0)
     callback = PrivacyCallback(delta=1e-5, target_epsilon=target)
-    _trainer([callback], 40).fit(module, datamodule=_dm())
+    quiet_trainer([callback], max_steps=40).fit(module, datamodule=_dm())
     assert callback.steps == 3 and callback.epsilon <= target  # the fourth batch would exceed: never run
     calibrated = DeclaresTwoReleases(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_seed=0)
     cb = PrivacyCallback(delta=1e-5, target_epsilon=8.0, calibrate=True)
-    _trainer([cb], 12).fit(calibrated, datamodule=_dm())  # 12 optimizer steps = 6 batches of 2 releases
+    quiet_trainer([cb], max_steps=12).fit(calibrated, datamodule=_dm())  # 12 optimizer steps = 6 batches of 2 releases
     assert cb.steps == 6 and 0.97 * 8.0 <= cb.epsilon <= 8.0
 
 
@@ -228,7 +220,7 @@ def test_an_undeclared_second_release_that_overshoots_is_an_error_naming_the_fix
     module = TwoReleasesPerBatch(MLPEncoder(8, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
                                  noise_seed=0)
     with pytest.raises(RuntimeError, match="releases_per_sample = 2"):
-        _trainer([PrivacyCallback(delta=1e-5, target_epsilon=target)], 10).fit(module, datamodule=_dm())
+        quiet_trainer([PrivacyCallback(delta=1e-5, target_epsilon=target)], max_steps=10).fit(module, datamodule=_dm())
 
 
 def test_the_gaussian_release_is_dp_accountings_gaussian_event():

@@ -7,27 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 from torch.utils.data import DataLoader
 
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.cli import main
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.demos import WORDS, random_feature_graph, random_text_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter, TextEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.transforms import EmbedText, embed_texts
 
 NOISE_SEED, SAMPLING_SEED = 987654321, 123456789
 TEXTS = ["heart lung fever", "alpha beta gamma delta", "red green blue"]
-
-
-def _trainer(**kw) -> Trainer:
-    base = dict(
-        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, max_steps=3,
-    )
-    return Trainer(**{**base, **kw})
 
 
 def _fit(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -45,7 +37,7 @@ def _fit(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with pytest.warns(UserWarning, match="seed"):
         dm = RelationalDataModule(data, **dm_kw)
         module = DPRelationalModule(encoder, noise_multiplier=1.0, noise_seed=NOISE_SEED, lr=0.05, score=score)
-    trainer = _trainer(callbacks=[PrivacyCallback(target_epsilon=None, delta=1e-4)])
+    trainer = quiet_trainer([PrivacyCallback(target_epsilon=None, delta=1e-4)], max_steps=3)
     trainer.fit(module, datamodule=dm)
     return module, dm, trainer
 
@@ -82,7 +74,7 @@ def test_embed_texts_tokenises_with_the_encoders_tokenizer(tmp_path, monkeypatch
     expected = module.eval().encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
     torch.testing.assert_close(module.embed_texts(TEXTS), expected)
     # predict_step: texts, a dict of node inputs, or a RankingBatch give embeddings
-    out = _trainer().predict(module, dataloaders=DataLoader(TEXTS, batch_size=2))
+    out = quiet_trainer().predict(module, dataloaders=DataLoader(TEXTS, batch_size=2))
     torch.testing.assert_close(torch.cat(out), expected)
 
 
@@ -91,7 +83,7 @@ def test_embed_texts_of_the_frozen_feature_adapter_embeds_with_the_frozen_model_
     assert module.input_spec["embed_text"] == {"model_name": "tiny-bert", "max_length": 16}
     x = embed_texts(TEXTS, "tiny-bert", max_length=16)
     torch.testing.assert_close(module.embed_texts(TEXTS), module.eval().encoder(x))
-    out = _trainer().predict(module, dataloaders=DataLoader([{"x": x}], batch_size=None))
+    out = quiet_trainer().predict(module, dataloaders=DataLoader([{"x": x}], batch_size=None))
     torch.testing.assert_close(out[0], module.encoder(x))
     mlp, _, _ = _fit("mlp", tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="dense features"):

@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 from torch_geometric.data import Data
 
 from lightning_dprel.callbacks import PrivacyCallback, ValidationSelection
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.datasets import GraphPair, GraphSource
 from lightning_dprel.demos import random_feature_graph, random_text_graph
+from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.transforms import EmbedText
 
 # Utility checks compare runs: fixed batches and noise on purpose (the seeds' warnings are asserted in test_secret_randomness).
 pytestmark = pytest.mark.filterwarnings("ignore:(DPRelationalModule\\(noise_seed|RelationalDataModule\\(sampling_seed)=<int>\\)")
-
-
-def _trainer(**kw):
-    base = dict(
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0, max_epochs=-1,
-    )
-    base.update(kw)
-    return Trainer(**base)
 
 
 class _Split(GraphSource):
@@ -82,7 +73,7 @@ def test_clipped_training_at_sigma_zero_learns_like_unclipped(clipping):
             lr=3e-3, noise_seed=0, diagnostics=True,
         )
         before = _mean_loss(module, probe)
-        _trainer(max_steps=80).fit(module, dm_run)
+        quiet_trainer(max_steps=80).fit(module, dm_run)
         drops[mode] = before - _mean_loss(module, probe)
         if mode != "none":
             stats = module._dp_optimizer.last_step_stats
@@ -101,7 +92,7 @@ def test_diagnostics_record_norms_cosines_and_update():
     with pytest.warns(UserWarning, match="outside the differential-privacy guarantee"):
         DPRelationalModule(MLPEncoder(16), diagnostics=True)
     with pytest.warns(UserWarning, match="without a PrivacyCallback"):
-        _trainer(max_steps=3).fit(module, dm)
+        quiet_trainer(max_steps=3).fit(module, dm)
     s = module._dp_optimizer.last_step_stats
     for key in ("norm_q10", "norm_q50", "norm_q90", "cos_clipped_unclipped", "clipped_sum_norm", "noise_norm", "update_norm"):
         assert key in s and s[key] == s[key], key
@@ -146,7 +137,7 @@ def test_selection_keeps_the_base_model_when_training_hurts():
     module = DPRelationalModule(ResidualAdapter(16, mode="full"), clipping="none", noise_multiplier=0.0, lr=5.0, noise_seed=0)
     base = {n: p.detach().clone() for n, p in module.named_parameters()}
     sel = ValidationSelection(every_n_steps=5)
-    _trainer(max_steps=15, callbacks=[sel]).fit(module, dm)
+    quiet_trainer(max_steps=15, callbacks=[sel]).fit(module, dm)
     scores = [h["mrr"] for h in sel.history]
     assert [h["step"] for h in sel.history] == [0, 5, 10, 15]
     assert sel.best_step == scores.index(max(scores)) * 5
@@ -161,7 +152,7 @@ def test_selection_also_evaluates_a_last_step_between_its_checks():
     dm = _dm()
     module = DPRelationalModule(ResidualAdapter(16, rank=4), clipping="none", noise_multiplier=0.0, lr=1e-2, noise_seed=0)
     sel = ValidationSelection(every_n_steps=4)
-    _trainer(max_steps=6, callbacks=[sel]).fit(module, dm)
+    quiet_trainer(max_steps=6, callbacks=[sel]).fit(module, dm)
     assert [h["step"] for h in sel.history] == [0, 4, 6]
 
 
@@ -170,7 +161,7 @@ def test_selection_restores_a_trained_iterate_and_refuses_test_selection():
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=32, out_dim=16), clipping="standard", clip_norm=1.0,
                                 noise_multiplier=0.0, lr=3e-3, noise_seed=0)
     sel = ValidationSelection(every_n_steps=20)
-    _trainer(max_steps=60, callbacks=[sel]).fit(module, dm)
+    quiet_trainer(max_steps=60, callbacks=[sel]).fit(module, dm)
     assert sel.best_step > 0 and sel.best_score > sel.history[0]["mrr"] + 0.01, sel.history
     state = sel.state_dict()
     again = ValidationSelection()
@@ -179,7 +170,7 @@ def test_selection_restores_a_trained_iterate_and_refuses_test_selection():
 
     plain = RelationalDataModule(random_feature_graph(120, 300), expected_batch_size=8.0, neg_per_pos=2, sampling_seed=1)
     with pytest.raises(ValueError, match="no validation graph"):
-        _trainer(max_steps=2, callbacks=[ValidationSelection()]).fit(DPRelationalModule(MLPEncoder(16), noise_seed=0, noise_multiplier=0.0, clipping="none"), plain)
+        quiet_trainer(max_steps=2, callbacks=[ValidationSelection()]).fit(DPRelationalModule(MLPEncoder(16), noise_seed=0, noise_multiplier=0.0, clipping="none"), plain)
     for bad, match in (({"every_n_steps": 0}, "every_n_steps"), ({"monitor": "loss"}, "monitor")):
         with pytest.raises(ValueError, match=match):
             ValidationSelection(**bad)
@@ -189,7 +180,7 @@ def test_selection_with_privacy_callback_spends_only_the_budget():
     dm = _dm()
     module = DPRelationalModule(ResidualAdapter(16, rank=4), clipping="standard", clip_norm=0.1, noise_multiplier=1.0, lr=1e-2, noise_seed=0)
     sel, priv = ValidationSelection(every_n_steps=5), PrivacyCallback(target_epsilon=3.0, delta=1e-4, calibrate=True)
-    _trainer(max_steps=20, callbacks=[priv, sel]).fit(module, dm)
+    quiet_trainer(max_steps=20, callbacks=[priv, sel]).fit(module, dm)
     assert priv.epsilon <= 3.0 and priv.steps == 20 and sel.history[-1]["step"] == 20
 
 

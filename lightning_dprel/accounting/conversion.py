@@ -12,19 +12,9 @@ import math
 
 import numpy as np
 
+from lightning_dprel.core.checks import check_delta  # the one δ check
+
 __all__ = ["rdp_to_epsilon", "check_delta", "conversion_constants", "epsilon_from_constants"]
-
-
-def check_delta(delta: float) -> float:
-    """Return δ as a float, or raise ValueError unless 0 < δ < 1."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
-        raise TypeError(f"`delta` must be a float in (0, 1), got {type(delta).__name__} ({delta!r}).")
-    delta = float(delta)
-    if not (0.0 < delta < 1.0):
-        raise ValueError(
-            f"`delta` must be in (0, 1), got {delta}; the paper uses delta = 1/|E_train| (edges after capping)."
-        )
-    return delta
 
 
 def conversion_constants(orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
 from lightning_dprel.callbacks.privacy import PrivacyCallback
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
-from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.datamodules.datasets.generators import random_feature_graph
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.losses import pair_scores
 from lightning_dprel.methods.relational.module import DPRelationalModule

@@ -13,9 +13,9 @@ __all__ = ["check_int", "positive_finite", "check_delta", "resolve_delta", "refu
 def check_int(name: str, value: Any, minimum: int, remedy: str = "") -> int:
     """``value`` as an int; ``TypeError`` unless it is an int, ``ValueError`` if it is below ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int >= {minimum}, got {type(value).__name__} ({value!r}).")
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r}).")
     if value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value}.{remedy}")
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.{remedy}")
     return int(value)
 
 

@@ -1,8 +1,10 @@
 """Small private Lightning classes for tests and examples (as Lightning's ``demos/boring_classes.py``).
 
-:class:`BoringPrivateModule` exposes a :class:`~lightning_dprel.core.specs.NoiseSpec`, takes one manual optimizer step
-per training batch and charges its ledger with the batch as the sample; :class:`SpecDataModule` exposes a
-:class:`~lightning_dprel.core.specs.SamplingSpec` after setup (or none).
+:func:`quiet_trainer` is a CPU Trainer that prints and saves nothing; :func:`make_spec` a tiny
+:class:`~lightning_dprel.core.specs.SamplingSpec`; :class:`BoringPrivateModule` exposes a
+:class:`~lightning_dprel.core.specs.NoiseSpec`, takes one manual optimizer step per training batch and charges its
+ledger with the batch as the sample; :class:`SpecDataModule` exposes a SamplingSpec after setup (or none);
+:func:`tiny_relational_dm` is a RelationalDataModule on a 200-node feature graph.
 """
 
 from __future__ import annotations
@@ -19,13 +21,25 @@ from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
-__all__ = ["make_spec", "BoringPrivateModule", "SpecDataModule", "InterruptAt", "rank_zero_messages"]
+__all__ = [
+    "quiet_trainer", "make_spec", "BoringPrivateModule", "SpecDataModule", "tiny_relational_dm", "InterruptAt",
+    "rank_zero_messages",
+]
 
 
-def make_spec(*, n=2000, m=5000, K=3, gamma=0.01, k=2, steps_per_epoch=8) -> SamplingSpec:
+def quiet_trainer(callbacks=(), **kwargs) -> pl.Trainer:
+    """A one-device CPU Trainer with no logger, progress bar, model summary, checkpoints or validation (sanity steps
+    included); ``kwargs`` override any of these (``limit_val_batches=1.0`` to validate) and set the limits."""
+    options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0)
+    return pl.Trainer(callbacks=list(callbacks), **{**options, **kwargs})
+
+
+def make_spec(n=2000, m=5000, K=3, gamma=0.01, k=2, *, steps_per_epoch=8, unit="entity", num_units=None) -> SamplingSpec:
+    """n nodes, m capped edges of degree <= K, positives at Poisson rate γ (b = γ·m), k negatives per positive."""
     return SamplingSpec(
         num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=gamma * m, steps_per_epoch=steps_per_epoch,
+        expected_batch_size=gamma * m, steps_per_epoch=steps_per_epoch, privacy_unit=unit, num_units=num_units,
     )
 
 
@@ -62,9 +76,11 @@ class BoringPrivateModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["ledger"] = self.privacy_ledger.state_dict()
+        checkpoint["noise_spec"] = self.noise_spec.to_dict()  # σ's one home in this module's checkpoints
 
     def on_load_checkpoint(self, checkpoint):
         self.privacy_ledger.load_state_dict(checkpoint["ledger"])
+        self.sigma = checkpoint["noise_spec"]["noise_multiplier"]
 
 
 class SpecDataModule(pl.LightningDataModule):
@@ -81,6 +97,19 @@ class SpecDataModule(pl.LightningDataModule):
     def train_dataloader(self):
         n = self.spec.steps_per_epoch if self.spec is not None else 8
         return DataLoader(TensorDataset(torch.arange(float(n))), batch_size=1)
+
+
+def tiny_relational_dm(source=None, *, stage: str | None = "fit", **kwargs):
+    """A RelationalDataModule on ``random_feature_graph(200, 600, seed=1)`` (or ``source``) with b = 8, k = 2, public seed
+    3 and 4 steps an epoch (``kwargs`` override), set up for ``stage`` (None: not set up)."""
+    from lightning_dprel.datamodules.datasets.generators import random_feature_graph
+    from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
+
+    options = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, "steps_per_epoch": 4, **kwargs}
+    dm = RelationalDataModule(random_feature_graph(200, 600, seed=1) if source is None else source, **options)
+    if stage is not None:
+        dm.setup(stage)
+    return dm
 
 
 class InterruptAt(pl.Callback):

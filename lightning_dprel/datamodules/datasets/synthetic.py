@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
-from lightning_dprel.demos import random_feature_graph, random_text_graph
+from lightning_dprel.datamodules.datasets.generators import random_feature_graph, random_text_graph
 
 __all__ = ["SyntheticGraphs", "BlockModelGraph", "block_sizes", "block_model_probs"]
 
@@ -19,7 +19,7 @@ _CHUNK = 1 << 22
 
 
 class SyntheticGraphs(GraphSource):
-    """A train graph and an independent test graph from :mod:`lightning_dprel.demos`.
+    """A train graph and an independent test graph from :mod:`~lightning_dprel.datamodules.datasets.generators`.
 
     Args:
         kind: ``"text"`` (node text over a closed vocabulary) or ``"features"`` (dense ``x``).

@@ -103,7 +103,7 @@ class RelationalDataModule(PrivateDataModule):
 
     Example::
 
-        >>> from lightning_dprel.demos import random_feature_graph
+        >>> from lightning_dprel.datamodules.datasets.generators import random_feature_graph
         >>> dm = RelationalDataModule(random_feature_graph(200, 600), expected_batch_size=8, neg_per_pos=2)
         >>> dm.setup("fit")
         >>> batch = next(iter(dm.train_dataloader()))
@@ -156,7 +156,7 @@ class RelationalDataModule(PrivateDataModule):
             capping: ``"drop"`` (seeded edge dropping) or ``"assert"`` (raise if any degree exceeds K).
             expected_batch_size: b > 0, at most m; γ = b/m.
             neg_per_pos: k ≥ 0 negatives per positive.
-            tokenizer: a model name or path resolved by :func:`lightning_dprel.demos.resolve_pretrained` and loaded
+            tokenizer: a model name or path resolved by :func:`lightning_dprel.pretrained.resolve_pretrained` and loaded
                 with ``AutoTokenizer``; nodes use ``data.text``. None (default): the text encoder's own tokenizer when the
                 trainer's module has one (``module.encoder.tokenizer_name``), else dense ``data.x``. A tokenizer that does
                 not match the module's encoder is refused in :meth:`setup` (:meth:`match_encoder`).

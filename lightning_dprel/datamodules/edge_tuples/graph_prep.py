@@ -19,9 +19,11 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
+from lightning_dprel.core.checks import check_int  # noqa: F401 - re-exported for the datamodules
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.evaluation import EvalSet, eval_queries
 from lightning_dprel.datamodules.edge_tuples.sampling import cap_degree, edge_priority, to_simple_undirected
+from lightning_dprel.encoders import check_node_features
 from lightning_dprel.progress import ProgressLog
 from lightning_dprel.transforms import check_node_texts
 
@@ -67,14 +69,6 @@ def held_out_mask(edges: Tensor, fraction: float, salt: int) -> Tensor:
     """
     canonical = torch.stack([torch.minimum(edges[0], edges[1]), torch.maximum(edges[0], edges[1])])
     return edge_priority(canonical, salt) < int(fraction * 2**63)
-
-
-def check_int(name: str, value: Any, minimum: int, remedy: str = "") -> None:
-    """Raise ``TypeError`` unless ``value`` is an int, ``ValueError`` if it is below ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r}).")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.{remedy}")
 
 
 def as_graph(obj: Any, name: str) -> tuple[Data, Data | None, Data | None]:
@@ -133,12 +127,12 @@ def oriented_relations(data: Data, num_nodes: int, name: str) -> Tensor:
 
 
 def load_tokenizer(name: str | None) -> Any:
-    """``AutoTokenizer`` for a name known to :func:`~lightning_dprel.demos.resolve_pretrained`; None for dense ``x``."""
+    """``AutoTokenizer`` for a name known to :func:`~lightning_dprel.pretrained.resolve_pretrained`; None for dense ``x``."""
     if name is None:
         return None
     from transformers import AutoTokenizer
 
-    from lightning_dprel.demos import resolve_pretrained
+    from lightning_dprel.pretrained import resolve_pretrained
 
     return AutoTokenizer.from_pretrained(resolve_pretrained(name))
 
@@ -169,6 +163,7 @@ def node_inputs(data: Data, num_nodes: int, tokenizer: Any, max_length: int, nam
             f"`{name}`'s nodes have no features (`data.x` is None) and `tokenizer` is None; provide `data.x`, "
             "or `data.text` together with a `tokenizer`."
         )
+    check_node_features(x, name)  # texts or lists in data.x: a clear TypeError, not "'list' object has no attribute 'dim'"
     if x.dim() == 1:
         x = x[:, None]
     if x.shape[0] != num_nodes:
