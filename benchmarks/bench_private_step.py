@@ -75,7 +75,7 @@ def _setup(encoder_name: str, seed: int = 0):
         pos=pos, neg=neg.to(DEVICE), neg_anchor=anchor.to(DEVICE), max_freq=max_freq(pos, neg).to(DEVICE), node_ids=node_ids,
         tuple_nodes=torch.searchsorted(node_ids, nodes).to(DEVICE),
         node_inputs={k: v[node_ids].to(DEVICE) for k, v in node_inputs.items()},
-        expected_batch_size=float(B), global_size=B,
+        expected_batch_size=float(B), global_size=B, step=0,
     )
     return encoder, batch
 

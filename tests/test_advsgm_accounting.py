@@ -9,14 +9,15 @@ import pytest
 
 from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, get_mechanism, per_step_rdp
 from lightning_dprel.accounting.mechanisms import check_unit
-from lightning_dprel.accounting.mechanisms.advsgm import (
+from lightning_dprel.methods.advsgm.accounting import (
     ADVSGM_PAPER_WARNING,
+    NODE_PUBLIC_IDS,
     advsgm_paper_epsilon,
     advsgm_paper_sampling,
     advsgm_paper_stop_iteration,
 )
 from lightning_dprel.core.ledger import PrivacyLedger
-from lightning_dprel.core.specs import NODE_PUBLIC_IDS, PRIVACY_UNITS, SamplingSpec
+from lightning_dprel.core.specs import PRIVACY_UNITS, SamplingSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

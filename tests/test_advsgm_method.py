@@ -10,13 +10,15 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from lightning_dprel.accounting.mechanisms.advsgm import advsgm_paper_epsilon, advsgm_paper_stop_iteration
+from lightning_dprel.methods.advsgm.accounting import advsgm_paper_epsilon, advsgm_paper_stop_iteration
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.export import export_model
 from lightning_dprel.grad_sample.ghost import ghost_grads, ghost_plan
 from lightning_dprel.grad_sample.per_tuple import per_tuple_grads
-from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModule, NodeIdEmbedding, PaperStop, SkipGramDataModule
+from lightning_dprel.methods.advsgm import (
+    AdvSGMPaperDataModule, DPSkipGramModule, NodeIdEmbedding, PaperStop, PrivateIdsSkipGramDataModule, SkipGramDataModule,
+)
 from lightning_dprel.methods.advsgm.losses import adversarial_loss, sgns_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -43,7 +45,8 @@ def test_provable_fit_spends_at_most_the_budget_for_the_public_ids_unit():
 
 @pytest.mark.parametrize("public_ids, accounting", [(False, "skipgram_public_ids"), (True, "standard")])
 def test_a_mechanism_proven_for_another_unit_is_refused(public_ids, accounting):
-    dm = SkipGramDataModule(_blocks(), public_ids=public_ids, max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
+    datamodule = SkipGramDataModule if public_ids else PrivateIdsSkipGramDataModule
+    dm = datamodule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, accounting=accounting)
     with pytest.raises(ValueError, match="Privacy unit mismatch"):
         quiet_trainer([PrivacyCallback(target_epsilon=3.0, delta=1e-5, calibrate=True)], max_steps=2).fit(module, dm)
@@ -51,7 +54,7 @@ def test_a_mechanism_proven_for_another_unit_is_refused(public_ids, accounting):
 
 def test_private_node_set_uses_the_standard_accounting_and_costs_more():
     dm_pub = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
-    dm_priv = SkipGramDataModule(_blocks(), public_ids=False, max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
+    dm_priv = PrivateIdsSkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     eps = {}
     for name, dm, acc in (("public", dm_pub, "skipgram_public_ids"), ("private", dm_priv, "standard")):
         module = DPSkipGramModule(dim=8, accounting=acc, noise_multiplier=1.5)

@@ -17,7 +17,8 @@ from lightning_dprel.accounting.mechanisms import check_module_mechanism, check_
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.core.ledger import PrivacyLedger
-from lightning_dprel.core.specs import LABELLED_NODE, PRIVACY_UNITS, SamplingSpec
+from lightning_dprel.core.specs import PRIVACY_UNITS, SamplingSpec
+from lightning_dprel.methods.dp_gpl.accounting import LABELLED_NODE
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, SyntheticNodes
 from lightning_dprel.grad_sample.base import trainable_parameters
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule

@@ -3,8 +3,10 @@
 The :class:`~lightning_dprel.accounting.accountant.Accountant` only composes what these functions return, so a new
 mechanism is one :func:`register_mechanism` call, which states the :class:`~lightning_dprel.core.specs.PrivacyUnit` its
 bound is proven for (a run whose data is sampled for another unit is refused by :func:`check_unit`). Per-step curves
-are cached per (mechanism, SamplingSpec, σ, orders): after the first call a lookup costs microseconds. The built-in
-mechanisms are grouped by method in :mod:`lightning_dprel.accounting.mechanisms`.
+are cached per (mechanism, SamplingSpec, σ, orders): after the first call a lookup costs microseconds. The generic
+mechanisms live in :mod:`lightning_dprel.accounting.mechanisms`; each method registers its own from its package (its
+``accounting`` module), and a name not registered yet is found by importing the method packages
+(:mod:`lightning_dprel.core.discovery`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS, as_orders
+from lightning_dprel.core.discovery import MethodRegistry
 from lightning_dprel.core.specs import ENTITY, PrivacyUnit, SamplingSpec
 from lightning_dprel.core.specs import privacy_unit as as_unit  # `privacy_unit` is also register_mechanism's argument
 
@@ -44,8 +47,8 @@ class Mechanism:
         label: the short name reports print next to an ε.
         clipping: the module clipping modes (``NoiseSpec.clipping``) whose sensitivity this bound covers;
             empty for mechanisms that only a standalone accountant uses.
-        accounting: the ``NoiseSpec.accounting`` value that selects it (None: only by name, e.g. through
-            ``PrivacyCallback(mechanism=...)``).
+        accounting: the module's ``accounting=`` value that selects it besides its name (``"corrected"`` for
+            ``freq_corrected``; None: only by name, e.g. through ``PrivacyCallback(mechanism=...)``).
         warning: warned once when a run is accounted with it (e.g. a bound that does not hold).
         stands_in_for: other mechanisms whose runs ``PrivacyCallback(mechanism=name)`` may account with
             this bound instead (``naive`` for the paper's Eq. 3 reading of FREQ-CLIP, as in its Figure 2).
@@ -69,7 +72,8 @@ class Mechanism:
         return "the unit its event states" if self.unit is None else str(self.unit)
 
 
-_REGISTRY: dict[str, Mechanism] = {}
+#: name → Mechanism; a miss (or a full listing) imports the method packages first.
+_REGISTRY: MethodRegistry[Mechanism] = MethodRegistry("mechanisms")
 
 
 def register_mechanism(
@@ -87,7 +91,7 @@ def register_mechanism(
     """
     if not isinstance(name, str) or not name or name == "none":
         raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
-    if name in _REGISTRY and not overwrite:
+    if _REGISTRY.peek(name) is not None and not overwrite:
         raise ValueError(f"Mechanism {name!r} is already registered; pass overwrite=True to replace it.")
     bad = [c for c in clipping if c not in ("freq", "standard")]
     if bad:
@@ -124,7 +128,7 @@ def get_mechanism(name: str) -> Mechanism:
             "finite ε and cannot be accounted. Use clipping 'freq' or 'standard' with noise_multiplier > 0."
         )
     if name not in _REGISTRY:
-        raise ValueError(f"`mechanism` must be one of {registered_mechanisms()}, got {name!r}.")
+        raise ValueError(f"`mechanism` must be one of {registered_mechanisms()}, got {name!r}{_REGISTRY.failures()}.")
     return _REGISTRY[name]
 
 

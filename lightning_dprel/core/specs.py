@@ -17,10 +17,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_dprel.core.discovery import MethodRegistry
+
 __all__ = [
     "SamplingSpec", "NoiseSpec", "CLIPPING_MODES", "ACCOUNTING_MODES", "PRIVACY_UNIT", "PrivacyUnit", "PRIVACY_UNITS",
-    "ENTITY", "NODE_IN_SUBGRAPH", "LABELLED_NODE", "EXAMPLE", "NODE_PUBLIC_IDS", "NODE_REPLACE", "privacy_unit",
-    "register_privacy_unit",
+    "ENTITY", "EXAMPLE", "privacy_unit", "register_privacy_unit",
 ]
 
 #: The privacy unit of the relational method (the entity): what neighbouring graphs differ by.
@@ -54,44 +55,19 @@ class PrivacyUnit:
 
 
 ENTITY = PrivacyUnit("entity", PRIVACY_UNIT, "entities")
-NODE_IN_SUBGRAPH = PrivacyUnit(
-    "node_in_subgraph",
-    "one node with its features, label and edges (node-level DP, add/remove a node); with a secret partition keyed by "
-    "stable node ids each node lies in exactly one subgraph, so neighbouring datasets differ in one subgraph's contents "
-    "(replace-one)",
-    "nodes",
-)
-LABELLED_NODE = PrivacyUnit(
-    "labelled_node",
-    "one labelled private node (add/remove); with a keyed partition it reaches exactly one teacher",
-    "labelled nodes",
-)
 EXAMPLE = PrivacyUnit(
     "example", "one training example (add/remove), not an entity: use only for per-example pipelines", "examples"
 )
-NODE_PUBLIC_IDS = PrivacyUnit(
-    "node_public_ids",
-    "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node ids are public: "
-    "the node keeps its (released) embedding row without edges, and negatives are drawn from the public id universe",
-    "nodes",
-)
-NODE_REPLACE = PrivacyUnit(
-    "node_replace",
-    "one node with its edges under bounded DP (replace one node, node count fixed), as AdvSGM (Zhang et al.) claims; "
-    "no bound proven here holds for it (the paper-faithful accounting under-states ε)",
-    "nodes",
-)
-#: The units the library knows, by name (a user may build their own :class:`PrivacyUnit`).
-PRIVACY_UNITS: dict[str, PrivacyUnit] = {
-    u.name: u for u in (ENTITY, NODE_IN_SUBGRAPH, LABELLED_NODE, EXAMPLE, NODE_PUBLIC_IDS, NODE_REPLACE)
-}
+#: The units known by name: the core's two here; each method package registers its own on import (a lookup of a
+#: name not registered yet imports the method packages first, see :mod:`lightning_dprel.core.discovery`).
+PRIVACY_UNITS: MethodRegistry[PrivacyUnit] = MethodRegistry("privacy units")
 
 
 def register_privacy_unit(unit: PrivacyUnit) -> PrivacyUnit:
     """Make a user's :class:`PrivacyUnit` known by name (a SamplingSpec names its unit); a taken name is refused."""
     if not isinstance(unit, PrivacyUnit):
         raise TypeError(f"`unit` must be a PrivacyUnit, got {type(unit).__name__}.")
-    known = PRIVACY_UNITS.get(unit.name)
+    known = PRIVACY_UNITS.peek(unit.name)
     if known is not None and known != unit:
         raise ValueError(f"A different privacy unit is already named {unit.name!r}: {known.description!r}.")
     PRIVACY_UNITS[unit.name] = unit
@@ -102,11 +78,17 @@ def privacy_unit(unit: "str | PrivacyUnit") -> PrivacyUnit:
     """The :class:`PrivacyUnit` named ``unit`` (or ``unit`` itself, registered by name), else a clear ``ValueError``."""
     if isinstance(unit, PrivacyUnit):
         return register_privacy_unit(unit)
-    if unit not in PRIVACY_UNITS:
+    if not isinstance(unit, str) or unit not in PRIVACY_UNITS:
         raise ValueError(
-            f"Unknown privacy unit {unit!r}; known: {sorted(PRIVACY_UNITS)} (register yours with register_privacy_unit)."
+            f"Unknown privacy unit {unit!r}; known: {sorted(PRIVACY_UNITS)}{PRIVACY_UNITS.failures()} (register yours "
+            "with register_privacy_unit, from the package of the method that declares it)."
         )
     return PRIVACY_UNITS[unit]
+
+
+register_privacy_unit(ENTITY)
+register_privacy_unit(EXAMPLE)
+
 
 CLIPPING_MODES = ("freq", "standard", "none")
 ACCOUNTING_MODES = ("corrected", "paper")
@@ -199,23 +181,26 @@ class NoiseSpec:
         clip_norm: C > 0.
         clipping: ``"freq"`` (Algorithm 1, FREQ-CLIP: tuple i clipped to C / (2·max-freq_i)),
             ``"standard"`` (every tuple clipped to C), or ``"none"`` (non-private baseline, σ must be 0).
-        accounting: for ``clipping="freq"``: ``"corrected"`` (default; sensitivity profile
-            Δ_freq(i, j) = C(1/2 + 3j/4 + i(1+k)/4), which holds) or ``"paper"`` (Eq. 3 as
-            published, Δ ≡ C; rests on Proposition 4.1, which does not hold as stated). Any clipping: the
-            name of a mechanism registered with ``register_mechanism(..., clipping=(clipping,))``.
+        accounting: which bound accounts the run; stored as that mechanism's registry name (what :meth:`to_dict`, model
+            checkpoints and ``model.json`` say). None (default): the clipping's own bound, ``"freq_corrected"`` for
+            FREQ-CLIP (sensitivity profile Δ_freq(i, j) = C(1/2 + 3j/4 + i(1+k)/4), which holds) and ``"standard"``
+            (Theorem C.1) for standard clipping; ``"none"`` whenever ``clipping="none"`` (nothing is accounted).
+            ``"corrected"`` / ``"paper"``: FREQ-CLIP's two readings (``"paper"``: Eq. 3 as published, Δ ≡ C; rests on
+            Proposition 4.1, which does not hold as stated); for standard clipping both name ``"standard"``. Any
+            clipping: the name of a mechanism registered with ``register_mechanism(..., clipping=(clipping,))``.
     """
 
     noise_multiplier: float
     clip_norm: float
     clipping: str = "freq"
-    accounting: str = "corrected"
+    accounting: str | None = None
 
     def __post_init__(self) -> None:
         if self.clipping not in CLIPPING_MODES:
             raise ValueError(f"`clipping` must be one of {CLIPPING_MODES}, got {self.clipping!r}.")
-        if not isinstance(self.accounting, str) or not self.accounting:
+        if self.accounting is not None and (not isinstance(self.accounting, str) or not self.accounting):
             raise ValueError(
-                f"`accounting` must be one of {ACCOUNTING_MODES} or a registered mechanism name, got {self.accounting!r}."
+                f"`accounting` must be None, one of {ACCOUNTING_MODES} or a registered mechanism name, got {self.accounting!r}."
             )
         if not (float(self.noise_multiplier) >= 0.0) or math.isinf(self.noise_multiplier):
             raise ValueError(f"`noise_multiplier` must be >= 0 and finite, got {self.noise_multiplier}.")
@@ -226,6 +211,7 @@ class NoiseSpec:
                 "`clipping='none'` is the non-private baseline and needs `noise_multiplier=0`, "
                 f"got {self.noise_multiplier}."
             )
+        object.__setattr__(self, "accounting", _mechanism_name(self.clipping, self.accounting))
 
     @property
     def is_private(self) -> bool:
@@ -235,11 +221,16 @@ class NoiseSpec:
     def mechanism(self) -> str:
         """The accountant mechanism name: ``freq_corrected``, ``freq_paper``, ``standard``, ``none``, or the
         registered mechanism named by ``accounting`` (checked against the registry by the ledger)."""
-        if self.clipping == "none":
-            return "none"
-        if self.accounting not in ACCOUNTING_MODES:
-            return self.accounting
-        return f"freq_{self.accounting}" if self.clipping == "freq" else self.clipping
+        return self.accounting
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _mechanism_name(clipping: str, accounting: str | None) -> str:
+    """The registry name a (clipping, accounting) pair selects (see :class:`NoiseSpec`)."""
+    if clipping == "none":
+        return "none"
+    if accounting is not None and accounting not in ACCOUNTING_MODES:
+        return accounting  # a registered mechanism, by name
+    return f"freq_{accounting or 'corrected'}" if clipping == "freq" else "standard"

@@ -1,4 +1,4 @@
-"""The relational method's batch records, flowing datamodule → module (one way).
+"""The coupled edge-tuple family's batch records (the relational method's and AdvSGM's), datamodule → module (one way).
 
 References:
     Huang et al., Algorithm 2 (NEG-SAMPLE-WOR), Algorithm 1 (max-freq), Algorithm 3 (training loop).
@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from lightning_dprel.core.batch import PrivateBatch
+
 __all__ = ["TupleBatch", "RankingBatch", "tuple_inputs"]
 
 
 @dataclass
-class TupleBatch:
-    """One rank's slice of a coupled training batch of edge tuples.
+class TupleBatch(PrivateBatch):
+    """One rank's slice of a coupled training batch of edge tuples (``expected_batch_size`` and ``step``, keyword-only,
+    come from :class:`~lightning_dprel.core.batch.PrivateBatch`).
 
     Tuple i is (e_i⁺, e_{i,1}⁻, …, e_{i,k}⁻) with e_i⁺ = (u_i, v_i) and e_{i,j}⁻ = (w_{i,j}, z_{i,j}),
     where w_{i,j} is a uniformly random end of e_i⁺ and z_{i,j} a negative node.
@@ -29,9 +32,7 @@ class TupleBatch:
         tuple_nodes: ``[B, 2 + k]`` indices into ``node_ids``: columns (u, v, z_1, …, z_k).
         node_inputs: per unique node, aligned with ``node_ids``: ``{"input_ids", "attention_mask"}``
             (tokenised text) or ``{"x"}`` (dense features).
-        expected_batch_size: b = γ·m of the global batch; the private step divides by it.
         global_size: |E⁺| of the global batch (all ranks).
-        step: the global step index that drew this batch.
     """
 
     pos: Tensor
@@ -41,9 +42,7 @@ class TupleBatch:
     node_ids: Tensor
     tuple_nodes: Tensor
     node_inputs: dict[str, Tensor]
-    expected_batch_size: float
     global_size: int
-    step: int = 0
 
     @property
     def size(self) -> int:

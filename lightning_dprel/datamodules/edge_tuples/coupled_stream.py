@@ -47,9 +47,11 @@ def sampling_randomness(sampling_seed: int | None) -> KeyedStream:
 
 def make_spec(
     num_nodes: int, num_edges: int, *, max_degree: int, expected_batch_size: float, neg_per_pos: int,
-    steps_per_epoch: int | None, max_overflow_probability: float,
+    steps_per_epoch: int | None, max_overflow_probability: float, privacy_unit: str = ENTITY.name,
 ) -> SamplingSpec:
-    """The sampling facts for the accountant, refusing γ = b/m > 1 and a likely |E⁺|·k > n (Algorithm 2)."""
+    """The sampling facts for the accountant, refusing γ = b/m > 1 and a likely |E⁺|·k > n (Algorithm 2).
+
+    ``privacy_unit``: the datamodule's declared unit (its class attribute); ``entity`` for the standalone settings."""
     n, m, b, k = num_nodes, num_edges, expected_batch_size, neg_per_pos
     if m < 1:
         raise ValueError("no training relations are left after degree capping; raise max_degree.")
@@ -73,7 +75,7 @@ def make_spec(
     steps = steps_per_epoch if steps_per_epoch is not None else math.ceil(1.0 / gamma)
     return SamplingSpec(
         num_nodes=n, num_edges=m, max_degree=max_degree, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=b, steps_per_epoch=steps, privacy_unit=ENTITY.name,
+        expected_batch_size=b, steps_per_epoch=steps, privacy_unit=privacy_unit,
     )
 
 

@@ -41,7 +41,7 @@ from lightning_dprel.datamodules.edge_tuples.public import PublicRelations
 from lightning_dprel.encoders import resolve_tokenizer
 from lightning_dprel.core.randomness import distributed
 from lightning_dprel.datamodules.edge_tuples.sampling import CAPPING_POLICIES
-from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.core.specs import ENTITY, SamplingSpec
 
 __all__ = ["RelationalDataModule", "derive_seed", "held_out_mask", "slice_rows"]
 
@@ -111,6 +111,7 @@ class RelationalDataModule(PrivateDataModule):
         4
     """
 
+    privacy_unit = ENTITY.name  # an entity and its relations: the one declaration of its unit (the SamplingSpec reads it)
     #: How nodes are fed to the encoder: ``"auto"`` (texts or ``data.x``) or ``"ids"`` (row numbers, for id embeddings).
     node_inputs = "auto"
 
@@ -253,7 +254,7 @@ class RelationalDataModule(PrivateDataModule):
         )
         spec = make_spec(
             g.num_nodes, int(g.train_edges.shape[1]), max_degree=self.max_degree,
-            expected_batch_size=self.expected_batch_size, neg_per_pos=self.neg_per_pos,
+            expected_batch_size=self.expected_batch_size, neg_per_pos=self.neg_per_pos, privacy_unit=self.privacy_unit,
             steps_per_epoch=self.steps_per_epoch, max_overflow_probability=self.max_overflow_probability,
         )
         self.train_edges, self.train_inputs = g.train_edges, g.train_inputs

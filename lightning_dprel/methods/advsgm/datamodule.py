@@ -2,15 +2,15 @@
 
 Provable mode (:class:`SkipGramDataModule`): the coupled edge-tuple sampling of the relational method, reused as is —
 K-capped edges, Poisson positives at γ = b/m, NEG-SAMPLE-WOR negatives from the whole id universe — with the unit
-``node_public_ids`` (the ids are public: a removed node keeps its rows, only its ≤ K positive tuples differ) or
-``entity`` (the node set itself is private; use the ``standard`` accounting). Paper-faithful mode
-(:class:`AdvSGMPaperDataModule`): the published batches (Algorithm 3): B edges without replacement, a random
-orientation, B·k negatives uniform on V hung on the start nodes, no degree cap; no bound holds for them.
+``node_public_ids`` (the ids are public: a removed node keeps its rows, only its ≤ K positive tuples differ) or, in
+:class:`PrivateIdsSkipGramDataModule`, ``entity`` (the node set itself is private; use the ``standard`` accounting).
+Paper-faithful mode (:class:`AdvSGMPaperDataModule`, unit ``node_replace``): the published batches (Algorithm 3): B
+edges without replacement, a random orientation, B·k negatives uniform on V hung on the start nodes, no degree cap; no
+bound holds for them. Each class declares its unit once, in ``privacy_unit``; its SamplingSpec reads it there.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -18,44 +18,44 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
-from lightning_dprel.accounting.mechanisms.advsgm import advsgm_paper_sampling
-from lightning_dprel.core.specs import ENTITY, NODE_PUBLIC_IDS, SamplingSpec
+from lightning_dprel.core.specs import ENTITY, SamplingSpec
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
 from lightning_dprel.datamodules.edge_tuples.sampling import sample_without_replacement
+from lightning_dprel.methods.advsgm.accounting import NODE_PUBLIC_IDS, NODE_REPLACE, advsgm_paper_sampling
 
-__all__ = ["SkipGramDataModule", "AdvSGMPaperDataModule", "PaperStream"]
+__all__ = ["SkipGramDataModule", "PrivateIdsSkipGramDataModule", "AdvSGMPaperDataModule", "PaperStream"]
 
 
 class SkipGramDataModule(RelationalDataModule):
-    """:class:`RelationalDataModule` for id embeddings (inputs ``node_id``), unit ``node_public_ids`` by default.
+    """:class:`RelationalDataModule` for id embeddings (inputs ``node_id``), unit ``node_public_ids`` (ids public; use the
+    ``skipgram_public_ids`` accounting). When the node set itself is private, use :class:`PrivateIdsSkipGramDataModule`.
 
     Args:
         source: the graph (a GraphSource, PyG ``Data`` or ``Dataset``); no features needed.
-        public_ids: True (default): the node ids are public (unit ``node_public_ids``, accounting
-            ``skipgram_public_ids``); False: the node set is private (unit ``entity``, accounting ``standard``).
         eval_candidates: random candidates per held-out edge for the validation/test AUC (default 1: as many
             random pairs as held-out edges).
         **kwargs: the options of :class:`RelationalDataModule` (``max_degree`` K, ``expected_batch_size`` b,
             ``neg_per_pos`` k, ``test_fraction``, ``seed``, ``sampling_seed``, …).
     """
 
+    privacy_unit = NODE_PUBLIC_IDS.name
     node_inputs = "ids"
 
-    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, public_ids: bool = True, eval_candidates: int | None = 1, **kwargs: Any) -> None:
+    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, eval_candidates: int | None = 1, **kwargs: Any) -> None:
         super().__init__(source, eval_candidates=eval_candidates, **kwargs)
-        self.public_ids = bool(public_ids)
 
     @property
     def num_nodes(self) -> int:
         """n, the id universe (after :meth:`setup`)."""
         return int(self.train_inputs["node_id"].numel())
 
-    @property
-    def sampling_spec(self) -> SamplingSpec:
-        unit = NODE_PUBLIC_IDS if self.public_ids else ENTITY
-        return dataclasses.replace(super().sampling_spec, privacy_unit=unit.name)
+
+class PrivateIdsSkipGramDataModule(SkipGramDataModule):
+    """:class:`SkipGramDataModule` whose node set is private: unit ``entity`` (use the ``standard`` accounting)."""
+
+    privacy_unit = ENTITY.name
 
 
 class PaperStream(CoupledStream):
@@ -76,9 +76,11 @@ class PaperStream(CoupledStream):
 class AdvSGMPaperDataModule(SkipGramDataModule):
     """The paper-faithful batches (fixed size B, no degree cap, ``n_D`` = 15 iterations per epoch); unit ``node_replace``.
 
-    Its sampling spec is :func:`~lightning_dprel.accounting.mechanisms.advsgm.advsgm_paper_sampling` (what Theorem 7
+    Its sampling spec is :func:`~lightning_dprel.methods.advsgm.accounting.advsgm_paper_sampling` (what Theorem 7
     charges); the training it feeds has provable ε = ∞ (``docs/advsgm.md``).
     """
+
+    privacy_unit = NODE_REPLACE.name
 
     def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, batch_size: int = 128, neg_per_pos: int = 5, steps_per_epoch: int = 15, **kwargs: Any) -> None:
         kwargs.setdefault("max_degree", 1 << 40)  # no cap: the paper bounds no degree
@@ -97,4 +99,5 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
     @property
     def sampling_spec(self) -> SamplingSpec:
         spec = RelationalDataModule.sampling_spec.fget(self)
-        return advsgm_paper_sampling(num_nodes=spec.num_nodes, num_edges=spec.num_edges, batch_size=self.batch_size, k=spec.neg_per_pos)
+        return advsgm_paper_sampling(num_nodes=spec.num_nodes, num_edges=spec.num_edges, batch_size=self.batch_size,
+                                     k=spec.neg_per_pos, privacy_unit=self.privacy_unit)

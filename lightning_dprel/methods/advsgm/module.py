@@ -26,7 +26,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import BinaryAUROC
 
-from lightning_dprel.accounting.mechanisms.advsgm import ADVSGM_PAPER_WARNING
+from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch, tuple_inputs
 from lightning_dprel.encoders import build_encoder, encoder_spec
@@ -99,11 +99,11 @@ class DPSkipGramModule(PrivateModule):
             raise ValueError(f"`adversarial` (λ) must be >= 0, got {adversarial}.")
         if mode == "paper":
             rank_zero_warn(ADVSGM_PAPER_WARNING, category=UserWarning)
-            clipping, noise_multiplier, accounting = "none", 0.0, "corrected"
+            clipping, noise_multiplier = "none", 0.0  # nothing is accounted: the NoiseSpec names mechanism "none"
         if clipping not in ("standard", "none"):
             raise ValueError(f"`clipping` must be 'standard' or 'none' (the non-private baseline), got {clipping!r}.")
         self._setup_privacy(
-            clipping=clipping, accounting=accounting if clipping == "standard" else "corrected", clip_norm=clip_norm,
+            clipping=clipping, accounting=accounting, clip_norm=clip_norm,
             noise_multiplier=noise_multiplier, noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum,
             diagnostics=diagnostics,
         )

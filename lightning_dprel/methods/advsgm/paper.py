@@ -10,7 +10,7 @@ from typing import Any
 
 from pytorch_lightning import Callback
 
-from lightning_dprel.accounting.mechanisms.advsgm import STOP_RULES, advsgm_paper_epsilon, advsgm_paper_stop_iteration
+from lightning_dprel.methods.advsgm.accounting import STOP_RULES, advsgm_paper_epsilon, advsgm_paper_stop_iteration
 
 __all__ = ["PaperStop"]
 

@@ -25,12 +25,14 @@ import warnings
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch, SubgraphBatch
-from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
-from lightning_dprel.datamodules.graph_splits import equal_random_split, keyed_split, split_edges
+from lightning_dprel.core.batch import ExampleBatch
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
+from lightning_dprel.datamodules.graph_splits import equal_random_split, keyed_split, split_edges
+from lightning_dprel.methods.dp_gcn.accounting import NODE_IN_SUBGRAPH
+from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch
 
 __all__ = ["NodeSplitDataModule", "MODES"]
 
@@ -164,12 +166,14 @@ class NodeSplitDataModule(SteppedDataModule):
         start = (step * lot) % s
         return [int(self._order[(start + i) % s]) for i in range(lot)]
 
-    def next_batch(self) -> SubgraphBatch:
+    def next_batch(self) -> ExampleBatch:
+        """Step ``_step``'s sampled subgraph examples, each ``(x, edge_index, y, loss_mask)`` local to its own ``x``."""
         self._require()
         step, self._step = self._step, self._step + 1
         chosen = self.sampled(step)
         chosen = self.rank_share(chosen)  # the sum is all-reduced by the DP optimizer
-        return SubgraphBatch([self.example(j) for j in chosen], expected_batch_size=self.sampling_rate * self.num_splits, step=step)
+        return ExampleBatch(examples=[self.example(j) for j in chosen], expected_batch_size=self.sampling_rate * self.num_splits,
+                            step=step)
 
     # --- loaders -------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:

@@ -1,6 +1,6 @@
 """DP-GCN (Igamberdiev & Habernal 2022): node classification with per-subgraph clipping and one noise draw per step.
 
-Each sampled subgraph example (:class:`~lightning_dprel.methods.dp_gcn.batch.SubgraphBatch`) gives one gradient — the mean
+Each sampled subgraph example (an :class:`~lightning_dprel.core.batch.ExampleBatch`'s) gives one gradient — the mean
 cross-entropy of its nodes through the GNN on the example's own edges — which the shared
 :class:`~lightning_dprel.core.optim.DPOptimizer` clips to C (standard clipping), sums, noises once with N(0, σ²C²I), divides
 by b = q·s and applies with Adam / SGD (DP-Adam / DP-SGD). Accounting (``accounting=``): ``"subgraph_replace"``
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 
-from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch, SubgraphBatch
+from lightning_dprel.core.batch import ExampleBatch
+from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.grad_sample.per_tuple import trainable_parameters
 from lightning_dprel.core.private_module import PrivateModule
@@ -76,7 +77,7 @@ class DPNodeModule(PrivateModule):
     def configure_optimizers(self):
         return self.build_dp_optimizer(trainable_parameters(self.encoder))
 
-    def per_example(self, batch: SubgraphBatch) -> dict[str, Tensor]:
+    def per_example(self, batch: ExampleBatch) -> dict[str, Tensor]:
         """Each example's gradient of its nodes' mean cross-entropy (its own forward pass): name → ``[B, *shape]``."""
         params = trainable_parameters(self.encoder)
         names, tensors = list(params), list(params.values())
@@ -93,9 +94,9 @@ class DPNodeModule(PrivateModule):
             return {n: p.new_zeros((0,) + tuple(p.shape)) for n, p in params.items()}
         return {n: torch.stack([r[i] for r in rows]) for i, n in enumerate(names)}
 
-    def training_step(self, batch: SubgraphBatch, batch_idx: int) -> None:
-        if not isinstance(batch, SubgraphBatch):
-            raise TypeError(f"training_step expects a SubgraphBatch (from NodeSplitDataModule), got {type(batch).__name__}.")
+    def training_step(self, batch: ExampleBatch, batch_idx: int) -> None:
+        if not isinstance(batch, ExampleBatch):
+            raise TypeError(f"training_step expects an ExampleBatch (from NodeSplitDataModule), got {type(batch).__name__}.")
         self.private_step(self.per_example(batch), max_freq=None, expected_batch_size=batch.expected_batch_size)
 
     def _evaluate(self, batch: NodeEvalBatch, prefix: str) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """DP-GPL: private graph prompts by PATE over teacher prompts (Confident-GNMax), provable by default (docs/dp_gpl.md)."""
 
+from lightning_dprel.methods.dp_gpl import accounting  # noqa: F401 - registers its unit and mechanism first
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, gnmax, pate_releases, vote_histogram
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.dpsgd import DPPromptTuning, PrivateNodeExamples, dpsgd_baseline_accuracy

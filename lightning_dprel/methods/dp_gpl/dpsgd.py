@@ -11,7 +11,6 @@ b routed to copy b (``owner``), so the gradient of copy b is example b's own. m 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,29 +19,20 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils.data import DataLoader
 
-import lightning_dprel.accounting.mechanisms  # noqa: F401  (registers labelled_node_gaussian)
+from lightning_dprel.core.batch import ExampleBatch
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.core.specs import LABELLED_NODE, SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
 from lightning_dprel.grad_sample.base import trainable_parameters
+from lightning_dprel.methods.dp_gpl.accounting import LABELLED_NODE
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch
 from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, freeze, pretrain
 from lightning_dprel.methods.dp_gpl.prompts import PROMPTS
 from lightning_dprel.methods.dp_gpl.tuning import PromptedModel, TuningConfig
 
-__all__ = ["NodeExampleBatch", "PrivateNodeExamples", "DPPromptTuning", "dpsgd_baseline_accuracy"]
-
-
-@dataclass
-class NodeExampleBatch:
-    """One DP-SGD step: the Poisson-sampled labelled nodes' examples, their labels, and b (the step divides by it)."""
-
-    examples: EgoBatch
-    labels: Tensor
-    expected_batch_size: float
-    step: int = 0
+__all__ = ["PrivateNodeExamples", "DPPromptTuning", "dpsgd_baseline_accuracy"]
 
 
 class PrivateNodeExamples(SteppedDataModule):
@@ -103,10 +93,11 @@ class PrivateNodeExamples(SteppedDataModule):
         m = self.num_examples
         return (self.stream.child(step, "nodes").uniform(m) < self.b / m).nonzero().view(-1)
 
-    def next_batch(self) -> NodeExampleBatch:
+    def next_batch(self) -> ExampleBatch:
         step, self._step = self._step, self._step + 1
         idx = torch.as_tensor(self.rank_share(self.sampled(step).tolist()), dtype=torch.long)  # sums are all-reduced
-        return NodeExampleBatch(self.examples.select(idx), self.labels[idx], self.sampling_spec.expected_batch_size, step)
+        return ExampleBatch(examples=self.examples.select(idx), labels=self.labels[idx],
+                            expected_batch_size=self.sampling_spec.expected_batch_size, step=step)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
@@ -145,9 +136,8 @@ class DPPromptTuning(PrivateModule):
             raise ValueError(f"`prompt` must be one of {sorted(PROMPTS)}, got {prompt!r}.")
         if clipping not in ("standard", "none"):
             raise ValueError(f"DP-SGD clips each node's gradient to C: `clipping` must be 'standard' or 'none', got {clipping!r}.")
-        accounting = "labelled_node_gaussian" if clipping == "standard" else "corrected"
-        self._setup_privacy(clipping=clipping, accounting=accounting, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                            noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=False)
+        self._setup_privacy(clipping=clipping, accounting="labelled_node_gaussian", clip_norm=clip_norm,
+                            noise_multiplier=noise_multiplier, noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=False)
         self.save_hyperparameters(ignore=["encoder"])
         self.cfg = TuningConfig(prompt, 0, lr, num_basis)
         self.model: PromptedModel | None = None
@@ -209,9 +199,9 @@ class DPPromptTuning(PrivateModule):
             self._x_cache = cached = (x, (self.device, dtype), x.to(self.device, dtype))
         return cached[2]
 
-    def training_step(self, batch: NodeExampleBatch, batch_idx: int) -> None:
-        if not isinstance(batch, NodeExampleBatch):
-            raise TypeError(f"training_step expects a NodeExampleBatch (from PrivateNodeExamples), got {type(batch).__name__}.")
+    def training_step(self, batch: ExampleBatch, batch_idx: int) -> None:
+        if not isinstance(batch, ExampleBatch):
+            raise TypeError(f"training_step expects an ExampleBatch (from PrivateNodeExamples), got {type(batch).__name__}.")
         x = self._features()
         grads = self.per_example(x, batch.examples, batch.labels.to(self.device))
         self.private_step(grads, max_freq=None, expected_batch_size=batch.expected_batch_size)

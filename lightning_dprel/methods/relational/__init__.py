@@ -1,1 +1,5 @@
-"""Entity-level DP relational learning (Huang et al.): coupled sampling, per-tuple gradients, FREQ-CLIP, Theorem C.1."""
+"""Entity-level DP relational learning (Huang et al.): coupled sampling, per-tuple gradients, FREQ-CLIP, Theorem C.1.
+
+Its units and mechanisms (``entity``; FREQ-CLIP and Theorem C.1) are the coupled edge-tuple sampling's, which the core
+registers (:mod:`lightning_dprel.accounting.mechanisms.coupled`): this package registers none of its own.
+"""

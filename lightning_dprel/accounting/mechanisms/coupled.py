@@ -1,4 +1,7 @@
-"""The relational method's mechanisms (entity-level unless stated): Theorem C.1's coupled mixture and its readings.
+"""The coupled edge-tuple sampling's mechanisms (entity-level unless stated): Theorem C.1's mixture and its readings.
+
+They account the coupled batches of :mod:`lightning_dprel.datamodules.edge_tuples` (the relational method's and AdvSGM's
+sampling), so they live with the core, as do the generic per-example Poisson Gaussian and the naive bound:
 
 * ``freq_corrected`` — FREQ-CLIP with the corrected profile Δ_freq(i,j) = C(1/2 + 3j/4 + i(1+k)/4) (holds).
 * ``freq_paper`` — FREQ-CLIP with the paper's Eq. 3 (Δ ≡ C; rests on Proposition 4.1, which does not hold as stated:
@@ -23,7 +26,10 @@ from lightning_dprel.accounting.profiles import freq_corrected_profile, standard
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
 
-__all__ = ["MECHANISMS", "PAPER_EQ3_WARNING", "EXAMPLE_PRIVACY_UNIT", "accounted_degree", "MAX_ACCOUNTED_DEGREE"]
+__all__ = [
+    "MECHANISMS", "PAPER_EQ3_WARNING", "EXAMPLE_PRIVACY_UNIT", "accounted_degree", "MAX_ACCOUNTED_DEGREE",
+    "per_example_poisson_gaussian",
+]
 
 EXAMPLE_PRIVACY_UNIT = EXAMPLE.description
 
@@ -98,7 +104,8 @@ def _naive(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarr
     return np.asarray(orders, dtype=float) / (2.0 * sigma * sigma)
 
 
-def _poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
+def per_example_poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """Per-step RDP of the Poisson-subsampled Gaussian at rate γ, one example per unit (Mironov et al. 2019)."""
     return eq3_rdp(
         orders=orders, num_nodes=1, num_edges=sampling.num_edges, max_degree=1,
         sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma,
@@ -125,7 +132,7 @@ register_mechanism(
     description="naive Gaussian bound α/(2σ²), no amplification by sampling (paper's Figure 2)",
 )
 register_mechanism(
-    "poisson_gaussian", _poisson_gaussian, coupled=False, privacy_unit=EXAMPLE,
+    "poisson_gaussian", per_example_poisson_gaussian, coupled=False, privacy_unit=EXAMPLE,
     label="per-example Poisson Gaussian",
     description="per-example Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019)",
 )

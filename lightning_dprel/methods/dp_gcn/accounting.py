@@ -1,5 +1,6 @@
-"""DP-GCN's mechanisms (node-level): Poisson-sampled subgraph examples under a keyed partition (Igamberdiev &
-Habernal 2022, Section 4; corrected to replace-one, :mod:`~lightning_dprel.accounting.analysis.substitution`)."""
+"""DP-GCN's privacy unit and mechanisms, registered on import (node-level): Poisson-sampled subgraph examples under a
+keyed partition (Igamberdiev & Habernal 2022, Section 4; corrected to replace-one,
+:mod:`~lightning_dprel.accounting.analysis.substitution`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp, substitution_rdp
 from lightning_dprel.accounting.registry import register_mechanism
-from lightning_dprel.core.specs import NODE_IN_SUBGRAPH, SamplingSpec
+from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
 
-__all__ = ["SUBGRAPH_PRIVACY_UNIT", "GCN_PAPER_WARNING"]
+__all__ = ["NODE_IN_SUBGRAPH", "SUBGRAPH_PRIVACY_UNIT", "GCN_PAPER_WARNING"]
+
+NODE_IN_SUBGRAPH = register_privacy_unit(PrivacyUnit(
+    "node_in_subgraph",
+    "one node with its features, label and edges (node-level DP, add/remove a node); with a secret partition keyed by "
+    "stable node ids each node lies in exactly one subgraph, so neighbouring datasets differ in one subgraph's contents "
+    "(replace-one)",
+    "nodes",
+))
 
 #: DP-GCN's unit: node-level add/remove, each node inside exactly one subgraph example (lightning_dprel/datamodules/graph_splits.py).
 SUBGRAPH_PRIVACY_UNIT = NODE_IN_SUBGRAPH.description

@@ -1,11 +1,14 @@
-"""AdvSGM's mechanisms (private adversarial skip-gram, Zhang et al.; spec: ``shared/spec/advsgm.md``).
+"""AdvSGM's privacy units and mechanisms, registered on import (private adversarial skip-gram, Zhang et al.; spec:
+``shared/spec/advsgm.md``).
+
+Units: :data:`NODE_PUBLIC_IDS` (provable mode) and :data:`NODE_REPLACE` (the paper's claim, bounded DP).
 
 * ``skipgram_public_ids`` — the provable mode: Poisson positives at γ = b/m over the K-capped edges, each tuple an
   oriented edge plus k negatives drawn from the *public* node-id universe, per-tuple clipping to C, dense noise
-  N(0, σ²C²) on every row. Unit :data:`~lightning_dprel.core.specs.NODE_PUBLIC_IDS`: removing a node removes only its
+  N(0, σ²C²) on every row. Unit :data:`NODE_PUBLIC_IDS`: removing a node removes only its
   i ≤ K positive tuples (its negative slots see the same — released — rows in both worlds), so the sensitivity profile
   is Δ(i, j) = C·i (Theorem C.1's mixture with j ≡ 0): Σ_i Bin(K', γ)(i)·N(i, σ²) against N(0, σ²), both directions,
-  K' = min(K, n) (:func:`~lightning_dprel.accounting.mechanisms.relational.accounted_degree`). At K = 1 it is the
+  K' = min(K, n) (:func:`~lightning_dprel.accounting.mechanisms.coupled.accounted_degree`). At K = 1 it is the
   per-example Poisson Gaussian; it never exceeds ``standard`` (Δ = C(i + 2j)), which is the bound to use when the node
   ids are private.
 * ``advsgm_paper`` — the paper's Theorem 7 as published (warns: that ε does not hold; the provable ε of the
@@ -30,15 +33,28 @@ import numpy as np
 from lightning_dprel.accounting.analysis.coupled_rdp import coupled_rdp
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms.relational import accounted_degree
+from lightning_dprel.accounting.mechanisms.coupled import accounted_degree
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
-from lightning_dprel.core.specs import NODE_PUBLIC_IDS, NODE_REPLACE, SamplingSpec
+from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
 
 __all__ = [
-    "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling", "advsgm_paper_epsilon",
-    "advsgm_paper_stop_iteration", "STOP_RULES",
+    "NODE_PUBLIC_IDS", "NODE_REPLACE", "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling",
+    "advsgm_paper_epsilon", "advsgm_paper_stop_iteration", "STOP_RULES",
 ]
+
+NODE_PUBLIC_IDS = register_privacy_unit(PrivacyUnit(
+    "node_public_ids",
+    "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node ids are public: "
+    "the node keeps its (released) embedding row without edges, and negatives are drawn from the public id universe",
+    "nodes",
+))
+NODE_REPLACE = register_privacy_unit(PrivacyUnit(
+    "node_replace",
+    "one node with its edges under bounded DP (replace one node, node count fixed), as AdvSGM (Zhang et al.) claims; "
+    "no bound proven here holds for it (the paper-faithful accounting under-states ε)",
+    "nodes",
+))
 
 ADVSGM_PAPER_WARNING = (
     "AdvSGM paper-faithful accounting (Theorem 7): this ε does not hold — the provable ε of the paper's pipeline is ∞. "
@@ -80,12 +96,15 @@ def _advsgm_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> n
     return poisson_gaussian_rdp(q_pos, sigma, orders) + poisson_gaussian_rdp(q_neg, sigma, orders)
 
 
-def advsgm_paper_sampling(*, num_nodes: int, num_edges: int, batch_size: int, k: int) -> SamplingSpec:
-    """The SamplingSpec of the paper's Theorem 7 (see the module docstring for the mapping), unit ``node_replace``."""
+def advsgm_paper_sampling(
+    *, num_nodes: int, num_edges: int, batch_size: int, k: int, privacy_unit: str = NODE_REPLACE.name,
+) -> SamplingSpec:
+    """The SamplingSpec of the paper's Theorem 7 (see the module docstring for the mapping); ``privacy_unit``: the
+    datamodule's declared unit (the paper's claim, ``node_replace``, for the standalone Theorem 7 helpers)."""
     return SamplingSpec(
         num_nodes=int(num_nodes), num_edges=int(num_edges), max_degree=max(1, int(num_nodes) - 1),
         sampling_rate=batch_size / num_edges, neg_per_pos=int(k), expected_batch_size=batch_size / num_edges * num_edges,
-        steps_per_epoch=math.ceil(num_edges / batch_size), privacy_unit=NODE_REPLACE.name,
+        steps_per_epoch=math.ceil(num_edges / batch_size), privacy_unit=privacy_unit,
     )
 
 
