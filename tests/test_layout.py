@@ -1,13 +1,27 @@
-"""The layout shows the architecture: a shared core, per-example gradient providers, accounting, one package per
-method; no import cycle (function-level imports count), the core imports no method, no method imports another."""
+"""The layout rules docs/architecture.md states, each checked: a shared core, per-example gradient providers,
+accounting, one package per method; no import cycle; the core, grad_sample/ and accounting/ never reach a method; no
+method imports another; per-example gradients through grad_sample/'s one entry point; no core module named after a
+method; every datamodule a PrivateDataModule, every method's model a LedgerModule; no fixtures in library code; a
+small package root. Imports are read with ``ast``: top-level and function-level ones count."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lightning_dprel", "datamodules", "callbacks")
+LIB = "lightning_dprel"
+METHODS = f"{LIB}.methods"
+SHARED = (f"{LIB}.core", f"{LIB}.grad_sample", f"{LIB}.accounting")  # the layers every method builds on
+ABOVE_SHARED = (METHODS, f"{LIB}.callbacks", f"{LIB}.export", f"{LIB}.cli")  # what the shared layers never reach
+GRAD_SAMPLE_ENTRY = (f"{LIB}.grad_sample", f"{LIB}.grad_sample.base", f"{LIB}.grad_sample.dispatch")
+GRADIENT_TRANSFORMS = {"vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "vjp", "jvp", "hessian"}
+MAX_ROOT_MODULES = 12
 # The training path: datamodule → batch → module → optimizer hook → ledger/callback (accounting math and
 # dataset parsers are not on it).
 TRAINING_PATH = [
@@ -20,22 +34,28 @@ TRAINING_PATH = [
 MAX_LINES = 370  # "~350", with a docstring's worth of slack
 
 
-def _module_graph() -> dict[str, set[str]]:
+def _files() -> dict[str, Path]:
     files = {}
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*.py"):
-            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
-            files[name.removesuffix(".__init__")] = f
-    graph = {}
-    for name, f in files.items():
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):  # every import, function-level ones included
-            if isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {d for d in deps if d in files and d != name}
-    return graph
+            files[".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = f
+    return files
+
+
+def _imports(f: Path) -> set[str]:
+    """Every module ``f`` imports, anywhere in the file (``from m import x`` gives ``m`` and ``m.x``)."""
+    deps = set()
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return deps
+
+
+def _module_graph() -> dict[str, set[str]]:
+    files = _files()
+    return {name: {d for d in _imports(f) if d in files and d != name} for name, f in files.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -58,20 +78,140 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_training_path_files_are_small():
-    sizes = {p: len((ROOT / p).read_text().splitlines()) for p in TRAINING_PATH}
-    assert all((ROOT / p).exists() for p in TRAINING_PATH)
-    assert max(sizes.values()) <= MAX_LINES, {p: n for p, n in sizes.items() if n > MAX_LINES}
+def _reach(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
+    """Every module ``start`` reaches through imports, with one import path to it."""
+    paths, todo = {start: [start]}, [start]
+    while todo:
+        u = todo.pop()
+        for v in sorted(graph.get(u, ())):
+            if v not in paths:
+                paths[v] = paths[u] + [v]
+                todo.append(v)
+    return paths
 
 
+def _under(name: str, prefixes: tuple[str, ...] | str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
+
+
+def _method_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if _under(name, METHODS) and len(parts) > 2 else None
+
+
+def _method_names() -> list[str]:
+    return sorted(p.name for p in (ROOT / LIB / "methods").iterdir() if (p / "__init__.py").exists())
+
+
+# --- the rules -------------------------------------------------------------------------------------------------
 def test_no_import_cycles():
     graph = _module_graph()
     assert len(graph) > 30 and graph["lightning_dprel.core.optim"] >= {"lightning_dprel.core.events", "lightning_dprel.core.randomness"}
     assert _cycles(graph) == []
 
 
+def test_core_grad_sample_and_accounting_never_reach_a_method_a_callback_export_or_the_cli():
+    graph = _module_graph()
+    offenders = {}
+    for name in sorted(graph):
+        if _under(name, SHARED):
+            bad = {v: " → ".join(p) for v, p in _reach(graph, name).items() if _under(v, ABOVE_SHARED)}
+            if bad:
+                offenders[name] = sorted(bad.values())[0]
+    assert not offenders, offenders
+
+
+def test_no_method_imports_another_method():
+    offenders = {name: sorted(d for d in deps if _method_of(d) not in (None, _method_of(name)))
+                 for name, deps in _module_graph().items() if _method_of(name)}
+    assert len(_method_names()) >= 4
+    assert not any(offenders.values()), {k: v for k, v in offenders.items() if v}
+
+
+def test_methods_reach_per_example_gradients_only_through_the_grad_sample_entry_point():
+    files, offenders = _files(), {}
+    for name, f in files.items():
+        if not _method_of(name):
+            continue
+        deps = _imports(f)
+        providers = sorted(d for d in deps if _under(d, f"{LIB}.grad_sample")  # a module must be an entry, a name from one
+                           and (d not in GRAD_SAMPLE_ENTRY if d in files else d.rsplit(".", 1)[0] not in GRAD_SAMPLE_ENTRY))
+        transforms = sorted(d for d in deps if d.rsplit(".", 1)[0] in ("torch.func", "functorch")
+                            and d.rsplit(".", 1)[1] in GRADIENT_TRANSFORMS)
+        attrs = sorted({ast.unparse(n) for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Attribute)
+                        and n.attr in GRADIENT_TRANSFORMS and ast.unparse(n.value) in ("torch", "torch.func", "functorch")})
+        if providers or transforms or attrs:
+            offenders[name] = providers + transforms + attrs
+    assert not offenders, offenders
+
+
+def test_no_module_of_the_shared_layers_is_named_after_a_method():
+    methods = set(_method_names())
+    named = sorted(name for name in _files() if _under(name, SHARED) and methods & set(name.split(".")[2:]))
+    assert not named, named
+
+
+def _library_classes(base: type, prefix: str) -> list[type]:
+    """Classes defined in modules under ``prefix`` (demos excluded) that subclass ``base``."""
+    found = {}
+    for name in _files():
+        if _under(name, prefix) and not _under(name, f"{LIB}.demos") and not name.endswith("__main__"):
+            module = importlib.import_module(name)
+            for cls in vars(module).values():
+                if inspect.isclass(cls) and issubclass(cls, base) and cls.__module__ == name:
+                    found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return [found[k] for k in sorted(found)]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_datamodule_is_a_private_datamodule_declaring_a_registered_unit():
+    from pytorch_lightning import LightningDataModule
+
+    from lightning_dprel.core.datamodule import PrivateDataModule
+    from lightning_dprel.core.specs import privacy_unit
+
+    datamodules = _library_classes(LightningDataModule, LIB)
+    assert len(datamodules) >= 4
+    offenders = [c.__qualname__ for c in datamodules if not issubclass(c, PrivateDataModule)]
+    assert not offenders, f"not PrivateDataModules: {offenders}"
+    for cls in datamodules:
+        if not inspect.isabstract(cls) and hasattr(cls, "privacy_unit"):
+            privacy_unit(cls.privacy_unit)  # a registered unit (raises otherwise)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_lightning_module_of_a_method_is_a_ledger_module():
+    from pytorch_lightning import LightningModule
+
+    from lightning_dprel.core.ledger_module import LedgerModule
+
+    modules = _library_classes(LightningModule, METHODS)
+    assert len(modules) >= 4
+    offenders = [c.__qualname__ for c in modules if not issubclass(c, LedgerModule)]
+    assert not offenders, f"not LedgerModules: {offenders}"
+
+
+def test_the_library_never_imports_its_fixtures():
+    """``lightning_dprel.demos`` is for tests and docs, as Lightning's ``demos/boring_classes.py`` (imported by none of
+    Lightning's running code)."""
+    offenders = {m: sorted(d for d in deps if _under(d, f"{LIB}.demos"))
+                 for m, deps in _module_graph().items() if _under(m, LIB) and not _under(m, f"{LIB}.demos")}
+    assert not any(offenders.values()), {k: v for k, v in offenders.items() if v}
+
+
+def test_the_package_root_holds_at_most_12_modules():
+    root = sorted(p.name for p in (ROOT / LIB).glob("*.py"))
+    assert "__init__.py" in root and len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_training_path_files_are_small():
+    sizes = {p: len((ROOT / p).read_text().splitlines()) for p in TRAINING_PATH}
+    assert all((ROOT / p).exists() for p in TRAINING_PATH)
+    assert max(sizes.values()) <= MAX_LINES, {p: n for p, n in sizes.items() if n > MAX_LINES}
+
+
 def test_the_library_never_imports_the_top_level_packages():
-    """``callbacks`` / ``datamodules`` are thin re-exports for users; a user project may have its own (issue 12)."""
+    """``callbacks`` / ``datamodules`` are thin re-exports for users; a user project may have its own."""
     graph = _module_graph()
     offenders = {m: sorted(d for d in deps if d.split(".")[0] in ("callbacks", "datamodules"))
                  for m, deps in graph.items() if m.startswith("lightning_dprel")}
@@ -81,8 +221,21 @@ def test_the_library_never_imports_the_top_level_packages():
         assert lines < 15  # re-exports only
 
 
+# --- the checkers can fail --------------------------------------------------------------------------------------
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_reach_follows_imports_through_other_modules():
+    graph = {"core.x": {"util"}, "util": {"methods.m.module"}, "methods.m.module": set()}
+    assert _reach(graph, "core.x")["methods.m.module"] == ["core.x", "util", "methods.m.module"]
+    assert _method_of(f"{METHODS}.advsgm.module") == "advsgm" and _method_of(f"{LIB}.core.ledger") is None
+
+
+def test_imports_inside_functions_count(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def late():\n    from lightning_dprel.methods.advsgm import module\n    import torch.func\n")
+    assert {"lightning_dprel.methods.advsgm", "lightning_dprel.methods.advsgm.module", "torch.func"} <= _imports(f)
 
 
 def test_a_user_project_with_its_own_callbacks_and_datamodules_packages(tmp_path):

@@ -167,15 +167,15 @@ def test_bad_input_is_refused_with_a_clear_message(call, error, match):
 
 def test_readme_example_scores_and_ranks_with_an_exported_model(trained, tmp_path, monkeypatch):
     module, _, folder = trained
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Saved models: load, embed new texts, export") : text.index("### Bring your own dataset")]
+    text = (ROOT / "docs" / "usage.md").read_text()
+    section = text[text.index("## Saved models and export") : text.index("## Choosing settings for your own graph")]
     code = next(block for block in re.findall(r"```python\n(.*?)```", section, re.S) if "rank_candidates(" in block)
     monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(folder / "cache"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "outputs" / "default").mkdir(parents=True)
-    (tmp_path / "outputs" / "default" / "export").symlink_to(folder / "export")
+    (tmp_path / "outputs" / "my_graph").mkdir(parents=True)
+    (tmp_path / "outputs" / "my_graph" / "export").symlink_to(folder / "export")
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/usage.md", "exec"), scope)
     candidates, best, scores = scope["candidates"], scope["best"], scope["scores"]
     torch.testing.assert_close(scores, module.score_pairs(scope["children"], scope["parents"]))
     all_scores = module.score_pairs(["Aortic valve stenosis"] * len(candidates), candidates)
