@@ -26,10 +26,10 @@ from pytorch_lightning import LightningDataModule, LightningModule, Trainer
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningCLI
 
-from lightning_dprel.callbacks.resume import ResumeHint
+from lightning_dprel.callbacks.resume import ResumeHint, checkpoint_problem
 from lightning_dprel.progress import step_progress_bar
 
-__all__ = ["DPRelCLI", "main", "format_report"]
+__all__ = ["DPRelCLI", "main", "format_report", "report_title"]
 
 _METRICS = (("test_prec1", "PREC@1"), ("test_mrr", "MRR"))
 
@@ -75,6 +75,18 @@ def format_report(
     if checkpoint:
         lines.append(f"model: {checkpoint} (export: python -m lightning_dprel export --ckpt_path {checkpoint} --out <folder>)")
     return "\n".join(lines)
+
+
+def report_title(model: Any, datamodule: Any) -> str:
+    """The report's title: the model's own (``report_title``), else relation prediction named by the datamodule's
+    split: zero-shot on a separate test graph, or on relations held out of the training graph (``held_out_test``)."""
+    own = getattr(model, "report_title", None)
+    if own:
+        return own
+    held_out = getattr(datamodule, "held_out_test", None)
+    if held_out is None:
+        return "Relation prediction on"
+    return "Relation prediction on held-out relations of" if held_out else "Zero-shot relation prediction on"
 
 
 def _unchanged(before: dict[str, torch.Tensor] | None, model: LightningModule) -> bool:
@@ -161,6 +173,16 @@ class DPRelCLI(LightningCLI):
                 action.help = helps[action.dest]
         LightningCLI.link_optimizers_and_lr_schedulers(parser)
 
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse, then refuse a ``--ckpt_path`` that is missing or no checkpoint (e.g. a YAML config) with the usage and
+        the reason, exit code 2, before Lightning reads it for hyper-parameters and before any work."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        problem = checkpoint_problem(ckpt_path) if ckpt_path else None
+        if problem:
+            parser.error(problem)
+
     def before_instantiate_classes(self) -> None:
         _refuse_cli_optimizers(self._get(self.config, "model"), self._get(self.config, "optimizer"), self._get(self.config, "lr_scheduler"))
 
@@ -202,7 +224,7 @@ class DPRelCLI(LightningCLI):
         source = getattr(self.datamodule, "source", None)
         name = repr(source) if source is not None else type(self.datamodule).__name__
         selection = self._selection_summary()
-        title = getattr(self.model, "report_title", "Zero-shot relation prediction on")
+        title = report_title(self.model, self.datamodule)
         metrics = tuple(getattr(self.model, "report_metrics", _METRICS))
         rows = tuple(getattr(self.model, "report_rows", ("base (no fine-tuning)", "fine-tuned")))
         report = format_report(self._base, tuned, privacy, f"{title}: {name}", selection, checkpoint, metrics, rows)

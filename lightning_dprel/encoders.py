@@ -8,6 +8,11 @@ encoder keeps them in ``init_args`` so that a checkpoint rebuilds it (:func:`enc
 A text encoder also names its tokenizer (``tokenizer_name``); :func:`resolve_tokenizer` gives a datamodule that
 tokenizer by default and refuses one that does not match.
 
+Every encoder here declares the width it reads (``in_dim``, or token ids) and the width it returns (``out_dim``);
+:func:`check_node_features` and :func:`check_encoder_inputs` refuse features and encoders that do not fit, before any
+training or evaluation, with the shapes found and the remedy (a custom encoder may declare ``in_dim`` / ``out_dim``
+too; one that does not is tried once on two nodes).
+
 A message-passing GNN is deliberately not offered here: aggregating over graph neighbours would make a
 tuple's loss depend on nodes outside the tuple, which breaks the analysis of Algorithm 1.
 
@@ -30,7 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool", "encoder_spec", "build_encoder", "resolve_tokenizer"]
+__all__ = [
+    "MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool", "encoder_spec", "build_encoder", "resolve_tokenizer",
+    "check_node_features", "check_encoder_inputs", "output_width",
+]
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -85,6 +93,101 @@ def build_encoder(spec: Mapping[str, Any]) -> nn.Module:
 def _takes(encoder: nn.Module, name: str) -> bool:
     params = inspect.signature(encoder.forward).parameters.values()
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _described(inputs: Mapping[str, Any]) -> str:
+    """``x: float32 [120, 8]``-style description of node inputs (types for what is not a tensor)."""
+    return ", ".join(f"{k}: {str(v.dtype).replace('torch.', '')} {list(v.shape)}" if isinstance(v, Tensor) else
+                     f"{k}: {type(v).__name__}" for k, v in inputs.items())
+
+
+def check_node_features(x: Any, name: str) -> None:
+    """Refuse dense node features ``x`` that are not a tensor (texts, lists, arrays) with a ``TypeError`` naming the
+    graph, the type found and the remedy (texts go in ``data.text``)."""
+    if isinstance(x, Tensor):
+        return
+    found = type(x).__name__
+    if isinstance(x, (list, tuple)) and x:
+        found += f" of {type(x[0]).__name__} (e.g. {x[0]!r})" if isinstance(x[0], str) else f" of {type(x[0]).__name__}"
+    texts = isinstance(x, str) or (isinstance(x, (list, tuple)) and any(isinstance(v, str) for v in x))
+    remedy = (
+        "Node texts go in `data.text`, with a TextEncoder (the datamodule takes its tokenizer) or "
+        "transform=EmbedText(...) for frozen text embeddings; `data.x` holds numbers."
+        if texts else "Convert them, e.g. data.x = torch.as_tensor(features, dtype=torch.float32)."
+    )
+    raise TypeError(f"`{name}.x` must be a numeric tensor [num_nodes, F] of node features, got a {found}. {remedy}")
+
+
+def _declared_in_dim(encoder: nn.Module) -> int | None:
+    args = getattr(encoder, "init_args", None)
+    value = args.get("in_dim") if isinstance(args, Mapping) else None
+    value = getattr(encoder, "in_dim", None) if value is None else value
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def output_width(encoder: nn.Module) -> int | None:
+    """The width d of the embeddings ``[N, d]`` ``encoder`` returns, when it declares it (``out_dim``), else None."""
+    value = getattr(encoder, "out_dim", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_encoder_inputs(encoder: nn.Module, inputs: Mapping[str, Any], where: str = "the datamodule's node inputs") -> None:
+    """Refuse, before any training or evaluation, an ``encoder`` that cannot take ``inputs`` (a datamodule's per-node
+    inputs, passed as ``encoder(**inputs)``): a ``forward`` without those keyword arguments (``TypeError``), or
+    features whose width is not the declared ``in_dim`` (``ValueError``). A custom encoder that declares no
+    ``in_dim`` is run once on two nodes (eval mode, no gradient, the RNG state restored), and a failure is reported
+    with the shapes. Each error names the encoder, what it expects, what it got and the remedy."""
+    name = type(encoder).__name__
+    if not inputs:
+        return
+    for key, value in inputs.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{where} must be tensors, got {_described(inputs)}; {name} cannot take `{key}`.")
+    try:
+        params = inspect.signature(encoder.forward).parameters
+    except (TypeError, ValueError):  # no signature to read (a C extension): the trial call below still checks
+        params = None
+    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        missing = [k for k in inputs if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+        if missing:
+            takes = ", ".join(params)
+            raise TypeError(
+                f"{name}.forward({takes}) does not take {', '.join(f'`{k}`' for k in missing)}: the encoder is called "
+                f"with each node's inputs as keyword arguments, encoder({', '.join(f'{k}=...' for k in inputs)}), and "
+                f"{where} are {_described(inputs)}. Name forward's arguments after them "
+                f"(def forward(self, {', '.join(inputs)})) or accept **inputs."
+            )
+    x = inputs.get("x")
+    declared = _declared_in_dim(encoder)
+    if declared is not None and x is not None:
+        width = int(x.shape[-1]) if x.dim() > 1 else 1
+        if width != declared:
+            raise ValueError(
+                f"{name} expects node features of width in_dim = {declared}, but {where} are {_described(inputs)} "
+                f"(width {width}): set the encoder's in_dim to {width} (e.g. --model.init_args.encoder.init_args.in_dim "
+                f"{width}), or give features of width {declared} (an EmbedText model whose hidden size is {declared})."
+            )
+        return
+    if declared is not None or getattr(encoder, "tokenizer_name", None) is not None or x is None:
+        return  # the library's own encoders declare what they read; token ids are checked against the tokenizer
+    _try_two_nodes(encoder, inputs, where)
+
+
+def _try_two_nodes(encoder: nn.Module, inputs: Mapping[str, Tensor], where: str) -> None:
+    """Run a custom encoder on the first two nodes without side effects; report a failure with the shapes."""
+    was_training = encoder.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            encoder.eval()
+            encoder(**{k: v[:2] for k, v in inputs.items()})
+    except Exception as err:  # noqa: BLE001 - re-raised with the shapes and the remedy
+        raise ValueError(
+            f"{type(encoder).__name__} fails on {where} ({_described(inputs)}; tried on the first two nodes): "
+            f"{type(err).__name__}: {err}. Make the encoder's input width match the features' last dimension (or "
+            "declare `in_dim` on the encoder to have it checked by name)."
+        ) from err
+    finally:
+        encoder.train(was_training)
 
 
 @functools.lru_cache(maxsize=8)
@@ -173,6 +276,7 @@ class MLPEncoder(nn.Module):
                 if dropout > 0:
                     layers.append(nn.Dropout(dropout))
         self.net = nn.Sequential(*layers)
+        self.in_dim, self.out_dim = in_dim, out_dim
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -217,6 +321,7 @@ class ResidualAdapter(nn.Module):
         if not float(init_scale) > 0:
             raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
         self.in_dim, self.mode, self.rank, self.directed = in_dim, mode, rank, bool(directed)
+        self.out_dim = 2 * in_dim if directed else in_dim  # directed: [adapter(x) ‖ x]
         self.init_args = {
             "in_dim": in_dim, "mode": mode, "rank": rank, "init_scale": float(init_scale), "directed": bool(directed),
             "train_down": bool(train_down),
@@ -296,7 +401,7 @@ class TextEncoder(nn.Module):
         # the dropouts (hidden_dropout, lora_dropout) would never act in training. Evaluation switches to eval() itself.
         self.model = model.train()
         self.model_name = model_name
-        self.embedding_dim = int(config.hidden_size)
+        self.embedding_dim = self.out_dim = int(config.hidden_size)
         self.vocab_size = int(config.vocab_size)
         self.init_args = {
             "model_name": model_name, "lora_r": lora_r, "lora_alpha": float(lora_alpha), "lora_dropout": float(lora_dropout),

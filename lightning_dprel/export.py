@@ -94,6 +94,11 @@ def export_main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--delta", type=float, default=None, help="δ of the report (default: the fit's, else 1/m)")
     args = parser.parse_args(argv)
+    from lightning_dprel.callbacks.resume import checkpoint_problem
+
+    problem = checkpoint_problem(args.ckpt_path)  # missing, a folder, a YAML config: usage + the reason, exit code 2
+    if problem:
+        parser.error(problem)
     import torch
 
     saved = torch.load(args.ckpt_path, map_location="cpu", weights_only=False, mmap=True)  # mmap: tensors not read

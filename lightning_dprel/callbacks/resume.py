@@ -1,15 +1,46 @@
-"""On Ctrl-C, say what was kept and the one command that resumes exactly (after Lightning's ``on_exception``)."""
+"""On Ctrl-C, say what was kept and the one command that resumes exactly (after Lightning's ``on_exception``); and
+say why a ``--ckpt_path`` cannot be loaded (missing, a folder, a YAML config) before anything is done with it."""
 
 from __future__ import annotations
 
 import shlex
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
-__all__ = ["ResumeHint", "resume_command"]
+__all__ = ["ResumeHint", "resume_command", "checkpoint_problem"]
+
+_WHERE = ("a fit keeps the reported model in <default_root_dir>/model.ckpt and, with checkpointing on, the last "
+          "checkpoint in <default_root_dir>/checkpoints/last.ckpt (e.g. outputs/default/model.ckpt)")
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why ``--ckpt_path path`` cannot be a checkpoint, as an argparse error line (None: it may be one).
+
+    Lightning's names (``last``, ``best``, ``hpc``, ``registry…``) and URLs are left to Lightning. A file is a
+    checkpoint candidate when it is a zip archive (what ``torch.save`` and ``Trainer.save_checkpoint`` write) or a
+    legacy pickle; a YAML config, a folder or a missing path is named as such, with where checkpoints are.
+    """
+    text = str(path)
+    if text in ("last", "best", "hpc") or text.startswith("registry") or "://" in text:
+        return None
+    file = Path(text)
+    if not file.exists():
+        return f"--ckpt_path {text}: no such file; {_WHERE}."
+    if file.is_dir():
+        return f"--ckpt_path {text} is a folder, not a checkpoint file; {_WHERE}."
+    if zipfile.is_zipfile(file):
+        return None
+    with open(file, "rb") as fh:
+        head = fh.read(2)
+    if head[:1] == b"\x80":  # a pickle (torch.save's legacy format)
+        return None
+    kind = "a YAML config, not a checkpoint (a config goes to --config)" if file.suffix in (".yaml", ".yml") else "not a checkpoint"
+    return f"--ckpt_path {text} is {kind}: checkpoints are the .ckpt files torch.save writes; {_WHERE}."
 
 
 def resume_command(argv: Sequence[str], ckpt_path: str) -> str:

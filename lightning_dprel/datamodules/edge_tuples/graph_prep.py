@@ -233,6 +233,7 @@ class PreparedGraphs:
     train_inputs: dict[str, Tensor]
     test: EvalSet
     val: EvalSet | None
+    held_out: bool = False  # the test relations were held out of the training graph (no separate, zero-shot test graph)
 
 
 def _load_graphs(source: Any, test_source: Any, val_source: Any, transform: Any) -> tuple[Data, Data | None, Data | None]:
@@ -316,4 +317,4 @@ def prepare(
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)
     if public is not None:
         public.prepare(transform=transform, tokenizer=tokenizer, max_length=max_length, inputs=inputs, private=train)
-    return PreparedGraphs(n, capped, train_inputs, test_set, val_set)
+    return PreparedGraphs(n, capped, train_inputs, test_set, val_set, held_out=test is None)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch
+from lightning_dprel.encoders import output_width
 from lightning_dprel.methods.relational.losses import pair_scores, score_matrix
 from lightning_dprel.progress import chunk_progress
 from lightning_dprel.methods.relational.ranking import target_ranks
@@ -70,6 +71,10 @@ def embed_texts(module: Any, texts: Sequence[str], *, max_length: int | None = N
         return module.embed({k: v.to(module.device) for k, v in inputs.items()})
     finally:
         module.train(was_training)
+
+
+def _is_texts(nodes: Any) -> bool:
+    return isinstance(nodes, (list, tuple)) and all(isinstance(t, str) for t in nodes)
 
 
 class RankedCandidates(NamedTuple):
@@ -180,13 +185,38 @@ class EmbedAndRank:
         raise TypeError(f"predict_step expects texts, a dict of node inputs or a RankingBatch, got {type(batch).__name__}.")
 
     # --- scoring new pairs ---------------------------------------------------------------------------
-    def _embeddings_of(self, nodes: Any, name: str, max_length: int | None) -> Tensor:
-        """``[N, d]`` embeddings of ``nodes``: texts (embedded as in training), embeddings (a float tensor ``[N, d]``,
-        as :meth:`embed_texts` / ``embed`` return them) or a dict of node inputs (e.g. ``{"x": features}``)."""
+    def _node_sets(self, max_length: int | None, **named: Any) -> list[Tensor]:
+        """:meth:`_embeddings_of` each argument, the texts of all of them embedded in one :meth:`embed_texts` call (a
+        frozen text model is loaded once per call: one "Loading weights", not one per argument)."""
+        for name, nodes in named.items():  # refuse what is neither texts, a tensor nor node inputs before embedding any
+            if not (_is_texts(nodes) or isinstance(nodes, (Tensor, Mapping))):
+                self._embeddings_of(nodes, name, max_length)  # raises its TypeError
+        texts = [t for nodes in named.values() if _is_texts(nodes) for t in nodes]
+        joint = self.embed_texts(texts, max_length=max_length) if texts else None
+        out, start = [], 0
+        for name, nodes in named.items():
+            given = None
+            if joint is not None and _is_texts(nodes):
+                given, start = joint[start : start + len(nodes)], start + len(nodes)
+            out.append(self._embeddings_of(nodes, name, max_length, given))
+        return out
+
+    def _embeddings_of(self, nodes: Any, name: str, max_length: int | None, embedded: Tensor | None = None) -> Tensor:
+        """``[N, d]`` embeddings of ``nodes``: texts (embedded as in training, or ``embedded`` already), embeddings (a
+        float tensor ``[N, d]`` of the model's width, as :meth:`embed_texts` / ``embed`` return them) or a dict of
+        node inputs (e.g. ``{"x": features}``)."""
         if isinstance(nodes, Tensor):
             if nodes.dim() != 2 or not nodes.is_floating_point():
                 raise TypeError(f"`{name}` as a tensor must be float embeddings [N, d] (from embed_texts or embed), got "
                                 f"{nodes.dtype} of shape {tuple(nodes.shape)}.")
+            width = output_width(self.encoder)
+            if width is not None and nodes.shape[1] != width:
+                raise ValueError(
+                    f"`{name}` has embeddings of dimension {nodes.shape[1]} ({list(nodes.shape)}), but this model's "
+                    f"embeddings have dimension {width} ({type(self.encoder).__name__}'s out_dim): pass float [N, {width}] "
+                    "embeddings from embed_texts / embed, or the nodes' texts or inputs (node-id pairs are not taken: "
+                    "embed the nodes first)."
+                )
             h = nodes.to(self.device)
         elif isinstance(nodes, Mapping):
             was_training = self.training
@@ -195,8 +225,11 @@ class EmbedAndRank:
                 h = self.embed({k: v.to(self.device) for k, v in nodes.items()})
             finally:
                 self.train(was_training)
-        elif isinstance(nodes, (list, tuple)) and all(isinstance(t, str) for t in nodes):
-            h = self.embed_texts(list(nodes), max_length=max_length) if nodes else torch.zeros(0, 0)
+        elif _is_texts(nodes):
+            if embedded is not None:
+                h = embedded
+            else:
+                h = self.embed_texts(list(nodes), max_length=max_length) if nodes else torch.zeros(0, 0)
         else:
             raise TypeError(f"`{name}` must be a list of texts, a float tensor of embeddings [N, d] or a dict of node "
                             f"inputs, got {type(nodes).__name__}" + (" (wrap one text in a list)." if isinstance(nodes, str) else "."))
@@ -218,8 +251,7 @@ class EmbedAndRank:
                 (a float tensor ``[N, d]``) or a dict of node inputs (e.g. ``{"x": features}``).
             max_length: tokens per text (default: the training datamodule's).
         """
-        h_child = self._embeddings_of(children, "children", max_length)
-        h_parent = self._embeddings_of(parents, "parents", max_length)
+        h_child, h_parent = self._node_sets(max_length, children=children, parents=parents)
         if h_child.shape[0] != h_parent.shape[0]:
             raise ValueError(f"`children` and `parents` must have the same length (pair i is children[i] → parents[i]), "
                              f"got {h_child.shape[0]} and {h_parent.shape[0]}.")
@@ -245,8 +277,7 @@ class EmbedAndRank:
         single = isinstance(query, str) or (isinstance(query, Tensor) and query.dim() == 1)
         if single:
             query = [query] if isinstance(query, str) else query.unsqueeze(0)
-        h_query = self._embeddings_of(query, "query", max_length)
-        h_cand = self._embeddings_of(candidates, "candidates", max_length)
+        h_query, h_cand = self._node_sets(max_length, query=query, candidates=candidates)
         if h_query.shape[1] != h_cand.shape[1]:
             raise ValueError(f"`query` and `candidates` embeddings differ in dimension: {h_query.shape[1]} vs {h_cand.shape[1]}.")
         scores = score_matrix(h_query, h_cand, **self._scoring())  # [Q, C], the evaluation's ranking scores

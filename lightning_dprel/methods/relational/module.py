@@ -22,7 +22,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
-from lightning_dprel.encoders import build_encoder, encoder_spec
+from lightning_dprel.encoders import build_encoder, check_encoder_inputs, encoder_spec
 from lightning_dprel.methods.relational.inference import input_spec_of
 from lightning_dprel.methods.relational.inference import EmbedAndRank
 from lightning_dprel.methods.relational.losses import check_loss_options, tuple_loss
@@ -214,6 +214,11 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
     def setup(self, stage: str) -> None:
         if self.trainer.datamodule is not None:
             self.input_spec = input_spec_of(self.trainer.datamodule)
+            dm = self.trainer.datamodule  # the encoder meets the features here: refuse a mismatch now, not deep in a step
+            for what in ("train_inputs", "test_inputs"):
+                inputs = getattr(dm, what, None)
+                if isinstance(inputs, Mapping) and (what == "train_inputs" or inputs is not getattr(dm, "train_inputs", None)):
+                    check_encoder_inputs(self.encoder, inputs, f"the datamodule's {what}")
             public = getattr(self.trainer.datamodule, "public", None)
             if public is not None:
                 self.public_data.setdefault("graph", public.describe())
