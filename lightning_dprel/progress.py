@@ -163,8 +163,8 @@ class ProgressLog:
                   f"{elapsed:.0f} s elapsed, ~{left:.0f} s left")
 
     def close(self, done: int | None = None) -> None:
-        """The closing line with the total time (``done``: where the phase stopped, when short of ``total``)."""
-        count = f"{self.total:,}" if done is None or done == self.total else f"{done:,}/{self.total:,}"
+        """The closing line with the total time (and ``done``/``total`` when ``done`` is given: where it stopped)."""
+        count = f"{self.total:,}" if done is None else f"{done:,}/{self.total:,}"
         self._say(f"{self.what}: {count} {self.unit} done in {self._clock() - self.start:.1f} s")
 
 
