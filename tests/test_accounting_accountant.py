@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -19,16 +17,12 @@ from lightning_dprel.accounting import (
     rdp_to_epsilon,
 )
 from lightning_dprel.accounting import mechanisms as mech_mod
-from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, PrivacyUnit, SamplingSpec
+from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, PrivacyUnit
+from lightning_dprel.demos.specs import make_spec
 
 
-def _spec(n=20_000, m=50_000, K=3, gamma=2e-3, k=2):
-    return SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-                        expected_batch_size=max(gamma * m, 1.0), steps_per_epoch=math.ceil(1 / max(gamma, 1e-9)))
-
-
-SPEC = _spec()
-SPEC2 = _spec(gamma=4e-3)
+SPEC = make_spec(20_000, 50_000, 3, 2e-3, 2)
+SPEC2 = make_spec(20_000, 50_000, 3, 4e-3, 2)
 
 
 def test_public_names():
@@ -84,7 +78,7 @@ def test_failed_step_leaves_state_unchanged():
         ((SPEC, 1.0, 0), ValueError, "num_steps"),
         ((SPEC, 1.0, 1.5), TypeError, "num_steps"),
         (("not a spec", 1.0), TypeError, "sampling"),
-        ((_spec(n=100, m=50_000, gamma=2e-3, k=2), 1.0), ValueError, "neg_per_pos"),
+        ((make_spec(n=100, m=50_000, gamma=2e-3, k=2), 1.0), ValueError, "neg_per_pos"),
     ]
     for args, exc, name in bad:
         with pytest.raises(exc, match=name):
@@ -160,11 +154,11 @@ def test_max_steps_for_is_the_largest_feasible_t():
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda: _spec(gamma=0.0), "sampling_rate"),
-        (lambda: _spec(gamma=1.5), "sampling_rate"),
-        (lambda: _spec(K=0), "max_degree"),
-        (lambda: _spec(m=0), "num_edges"),
-        (lambda: _spec(n=0), "num_nodes"),
+        (lambda: make_spec(gamma=0.0), "sampling_rate"),
+        (lambda: make_spec(gamma=1.5), "sampling_rate"),
+        (lambda: make_spec(K=0), "max_degree"),
+        (lambda: make_spec(m=0), "num_edges"),
+        (lambda: make_spec(n=0), "num_nodes"),
     ],
 )
 def test_bad_sampling_parameters_raise_value_error(make, match):
@@ -174,7 +168,7 @@ def test_bad_sampling_parameters_raise_value_error(make, match):
 
 def test_bad_inputs_name_the_parameter():
     with pytest.raises(ValueError, match="neg_per_pos"):
-        per_step_rdp("freq_corrected", _spec(n=150, m=50_000, gamma=2e-3, k=2), 1.0)
+        per_step_rdp("freq_corrected", make_spec(n=150, m=50_000, gamma=2e-3, k=2), 1.0)
     with pytest.raises(ValueError, match="noise_multiplier"):
         per_step_rdp("freq_corrected", SPEC, 0.0)
     for delta in (0.0, 1.0, -0.1, 2.0):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,17 +15,12 @@ from lightning_dprel.accounting import (
     rdp_to_epsilon,
     standard_profile,
 )
-from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.demos.specs import make_spec
 
 ORDERS = np.array([1.25, 1.5, 2.0, 3.0, 4.5, 8.0, 16.0, 32.0, 64.0])  # small grid: fast property checks
 COUPLED = ("freq_corrected", "freq_paper", "standard")
 PROFILE_OF = {"freq_corrected": freq_corrected_profile, "freq_paper": paper_profile, "standard": standard_profile}
 REL = 1e-6  # numerical slack of the monotonicity checks
-
-
-def _spec(n, m, K, gamma, k):
-    return SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-                        expected_batch_size=gamma * m, steps_per_epoch=math.ceil(1 / gamma))
 
 
 def _eps(mech, spec, sigma, steps=1000, delta=1e-6):
@@ -58,7 +51,7 @@ def _feasible(p, k=None, gamma=None):
 def test_epsilon_non_decreasing_in_steps(p, t1, t2):
     if not _feasible(p):
         return
-    spec = _spec(p["n"], p["m"], p["K"], p["gamma"], p["k"])
+    spec = make_spec(p["n"], p["m"], p["K"], p["gamma"], p["k"])
     lo, hi = sorted((t1, t2))
     assert _eps(p["mech"], spec, p["sigma"], lo) <= _eps(p["mech"], spec, p["sigma"], hi) * (1 + REL) + 1e-12
 
@@ -68,7 +61,7 @@ def test_epsilon_non_decreasing_in_steps(p, t1, t2):
 def test_epsilon_non_increasing_in_sigma(p, factor):
     if not _feasible(p):
         return
-    spec = _spec(p["n"], p["m"], p["K"], p["gamma"], p["k"])
+    spec = make_spec(p["n"], p["m"], p["K"], p["gamma"], p["k"])
     assert _eps(p["mech"], spec, p["sigma"] * factor) <= _eps(p["mech"], spec, p["sigma"]) * (1 + REL) + 1e-12
 
 
@@ -78,8 +71,8 @@ def test_epsilon_non_decreasing_in_gamma(p, factor):
     g2 = min(1.0, p["gamma"] * factor)
     if not _feasible(p, gamma=g2):
         return
-    a = _eps(p["mech"], _spec(p["n"], p["m"], p["K"], p["gamma"], p["k"]), p["sigma"])
-    b = _eps(p["mech"], _spec(p["n"], p["m"], p["K"], g2, p["k"]), p["sigma"])
+    a = _eps(p["mech"], make_spec(p["n"], p["m"], p["K"], p["gamma"], p["k"]), p["sigma"])
+    b = _eps(p["mech"], make_spec(p["n"], p["m"], p["K"], g2, p["k"]), p["sigma"])
     assert a <= b * (1 + REL) + 1e-12
 
 
@@ -88,9 +81,9 @@ def test_epsilon_non_decreasing_in_gamma(p, factor):
 def test_epsilon_non_decreasing_in_max_degree_and_negatives(p):
     if not _feasible(p, k=p["k"] + 1):
         return
-    base = _eps(p["mech"], _spec(p["n"], p["m"], p["K"], p["gamma"], p["k"]), p["sigma"])
-    more_k = _eps(p["mech"], _spec(p["n"], p["m"], p["K"], p["gamma"], p["k"] + 1), p["sigma"])
-    more_deg = _eps(p["mech"], _spec(p["n"], p["m"], p["K"] + 1, p["gamma"], p["k"]), p["sigma"])
+    base = _eps(p["mech"], make_spec(p["n"], p["m"], p["K"], p["gamma"], p["k"]), p["sigma"])
+    more_k = _eps(p["mech"], make_spec(p["n"], p["m"], p["K"], p["gamma"], p["k"] + 1), p["sigma"])
+    more_deg = _eps(p["mech"], make_spec(p["n"], p["m"], p["K"] + 1, p["gamma"], p["k"]), p["sigma"])
     assert base <= more_k * (1 + REL) + 1e-12
     assert base <= more_deg * (1 + REL) + 1e-12
 
@@ -98,7 +91,7 @@ def test_epsilon_non_decreasing_in_max_degree_and_negatives(p):
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
 @pytest.mark.parametrize("n,m,K,gamma,k", [(10**6, 5 * 10**6, 5, 1e-5, 4), (20_000, 50_000, 3, 2e-3, 2)])
 def test_bounds_are_ordered(sigma, n, m, K, gamma, k):
-    spec = _spec(n, m, K, gamma, k)
+    spec = make_spec(n, m, K, gamma, k)
     rdp = {mech: per_step_rdp(mech, spec, sigma, ORDERS) for mech in MECHANISMS}
     naive = ORDERS / (2 * sigma**2)
     np.testing.assert_allclose(rdp["naive"], naive)

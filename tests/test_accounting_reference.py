@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pytest
@@ -13,15 +12,10 @@ opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
 
 from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, per_step_rdp, rdp_to_epsilon  # noqa: E402
 from lightning_dprel.accounting.analysis.sampled_gaussian import log_a_orders  # noqa: E402
-from lightning_dprel.core.specs import SamplingSpec  # noqa: E402
+from lightning_dprel.demos.specs import make_spec  # noqa: E402
 
 # (γ, σ) with per-order RDP well above double-precision noise (≥ 1e-6 at α = 1.1).
 SETTINGS = [(0.01, 1.0), (1e-3, 0.5), (0.1, 3.0), (0.05, 0.8), (0.3, 2.0), (0.2, 0.3)]
-
-
-def _spec(gamma: float, *, m: int = 100_000, n: int = 50_000, K: int = 1, k: int = 0) -> SamplingSpec:
-    return SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-                        expected_batch_size=gamma * m, steps_per_epoch=math.ceil(1 / gamma))
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,7 +39,7 @@ def test_k1_k0_equals_opacus_and_dp_accounting(gamma, sigma, mechanism):
     # paper profiles (Theorem C.1 / Eq. 3). The corrected profile has Δ(1,0) = 1/2 + (1+0)/4 = 3/4: compare
     # it with the sampled Gaussian at σ/(3/4).
     scale = 0.75 if mechanism == "freq_corrected" else 1.0
-    ours = per_step_rdp(mechanism, _spec(gamma), sigma)
+    ours = per_step_rdp(mechanism, make_spec(n=50_000, m=100_000, K=1, gamma=gamma, k=0), sigma)
     ref_opacus, ref_dp = _refs(gamma, sigma / scale)
     assert ours.shape == DEFAULT_ORDERS.shape
     np.testing.assert_allclose(ours, ref_opacus, rtol=1e-6, atol=0)
@@ -69,7 +63,7 @@ def test_sampled_gaussian_series_equals_opacus(gamma, sigma):
                                                       (0.1, 3.0, 500, 1e-5)])
 def test_composed_epsilon_equals_dp_accounting(gamma, sigma, steps, delta):
     acc = Accountant("standard")
-    acc.step(_spec(gamma), sigma, num_steps=steps)
+    acc.step(make_spec(n=50_000, m=100_000, K=1, gamma=gamma, k=0), sigma, num_steps=steps)
     eps, order = acc.get_epsilon_and_order(delta)
     ref = _dp_accounting_rdp(gamma, sigma, DEFAULT_ORDERS, steps)
     ref_eps, ref_order = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(DEFAULT_ORDERS, ref._rdp, delta)

@@ -20,15 +20,10 @@ import torch
 from lightning_dprel.accounting import DEFAULT_ORDERS, Accountant, per_step_rdp
 from lightning_dprel.accounting.analysis import coupled_rdp
 from lightning_dprel.accounting.profiles import freq_corrected_profile, standard_profile
-from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.demos.specs import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {"freq": freq_corrected_profile, "standard": standard_profile}
-
-
-def _spec(n: int, m: int, K: int, gamma: float, k: int) -> SamplingSpec:
-    return SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-                        expected_batch_size=gamma * m, steps_per_epoch=math.ceil(1 / gamma))
 
 
 def _kw(n, m, K, gamma, k, sigma):
@@ -97,12 +92,12 @@ def test_head_rows_at_or_above_K_is_the_full_quadrature_bit_for_bit():
 @pytest.mark.parametrize("mechanism", ["freq_corrected", "standard"])
 def test_degree_cap_min_K_n_holds_against_the_uncapped_mixture(mechanism):
     n, m, gamma, k, sigma = 20, 30, 0.1, 1, 2.0  # K = 28 > n: an entity has at most n relations
-    capped = per_step_rdp(mechanism, _spec(n, m, 28, gamma, k), sigma)
-    assert np.array_equal(capped, per_step_rdp(mechanism, _spec(n, m, n, gamma, k), sigma))
+    capped = per_step_rdp(mechanism, make_spec(n, m, 28, gamma, k), sigma)
+    assert np.array_equal(capped, per_step_rdp(mechanism, make_spec(n, m, n, gamma, k), sigma))
     profile = PROFILES["freq" if mechanism == "freq_corrected" else "standard"]
     uncapped = coupled_rdp(profile(28, k), **_kw(n, m, 28, gamma, k, sigma))  # the mixture with K = 28 rows
     assert np.all(capped <= uncapped * (1 + 1e-12))
-    assert np.all(capped <= per_step_rdp(mechanism, _spec(n, m, n + 1, gamma, k), sigma) * (1 + 1e-12))
+    assert np.all(capped <= per_step_rdp(mechanism, make_spec(n, m, n + 1, gamma, k), sigma) * (1 + 1e-12))
 
 
 @pytest.mark.parametrize("profile", ["freq", "standard"])
@@ -132,13 +127,6 @@ def test_cost_stops_growing_with_K():
 
 
 # --------------------------------------------------------------------------------------------- A: graph preparation
-def _dm(graph, **kwargs):
-    from lightning_dprel.datamodules import RelationalDataModule
-
-    opts = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, **kwargs}  # setup only: no batch is drawn
-    return RelationalDataModule(graph, **opts)
-
-
 def _capping_messages(dm) -> list[str]:
     from lightning_dprel.demos.boring_classes import rank_zero_messages
 
@@ -148,11 +136,10 @@ def _capping_messages(dm) -> list[str]:
 
 
 def test_a_far_too_large_K_warns_with_the_largest_degree():
-    from lightning_dprel.demos import random_feature_graph
     from lightning_dprel.datamodules.edge_tuples.sampling import to_simple_undirected
+    from lightning_dprel.demos.boring_classes import tiny_relational_dm
 
-    graph = random_feature_graph(200, 600, seed=1)
-    dm = _dm(graph, max_degree=10**6)
+    dm = tiny_relational_dm(stage=None, max_degree=10**6)  # random_feature_graph(200, 600, seed=1)
     with pytest.warns(UserWarning, match=r"max_degree K = 1,000,000 is far above the largest degree of the training "
                                          r"relations \((\d+)\): ε is charged for an entity with up to K relations") as rec:
         messages = _capping_messages(dm)
@@ -165,9 +152,9 @@ def test_a_far_too_large_K_warns_with_the_largest_degree():
 
 
 def test_capping_logs_how_many_relations_it_dropped():
-    from lightning_dprel.demos import random_feature_graph
+    from lightning_dprel.demos.boring_classes import tiny_relational_dm
 
-    dm = _dm(random_feature_graph(200, 600, seed=1), max_degree=2)
+    dm = tiny_relational_dm(stage=None, max_degree=2)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*far above the largest degree.*")
         messages = _capping_messages(dm)
@@ -184,23 +171,25 @@ def test_capping_logs_how_many_relations_it_dropped():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e300])
 def test_non_finite_training_features_are_refused(bad):
     from lightning_dprel.demos import random_feature_graph
+    from lightning_dprel.demos.boring_classes import tiny_relational_dm
 
     graph = random_feature_graph(200, 600, seed=1)
     graph.x = graph.x.double()
     graph.x[[3, 50, 51], 2] = bad
     with pytest.raises(ValueError, match=r"`source.x` has non-finite features \(NaN or ±inf, after conversion to "
                                          r"float32\) in 3 of 200 nodes \(first: \[3, 50, 51\]\).*torch.nan_to_num"):
-        _dm(graph).setup("fit")
+        tiny_relational_dm(graph)
 
 
 @pytest.mark.parametrize("which", ["test_source", "val_source"])
 def test_non_finite_evaluation_features_are_refused(which):
     from lightning_dprel.demos import random_feature_graph
+    from lightning_dprel.demos.boring_classes import tiny_relational_dm
 
     other = random_feature_graph(100, 300, seed=2)
     other.x[7] = float("nan")
     with pytest.raises(ValueError, match=rf"`{which}.x` has non-finite features .* in 1 of 100 nodes \(first: \[7\]\)"):
-        _dm(random_feature_graph(200, 600, seed=1), **{which: other}).setup("fit")
+        tiny_relational_dm(**{which: other})
 
 
 # --------------------------------------------------------------------------------------------- C: the accounting CLI
@@ -262,7 +251,7 @@ def test_accounting_cli_imports_no_torch(tmp_path):
 def test_epsilon_curve_equals_the_accountant_step_by_step(mechanism):
     from lightning_dprel.accounting import epsilon_curve
 
-    spec, sigma, delta = _spec(2000, 3000, 3, 0.01, 1), 1.1, 1e-4
+    spec, sigma, delta = make_spec(2000, 3000, 3, 0.01, 1), 1.1, 1e-4
     steps = list(range(61))
     curve, orders = epsilon_curve(mechanism, spec, sigma, delta, steps, return_orders=True)
     acc = Accountant(mechanism)
@@ -276,7 +265,7 @@ def test_epsilon_curve_equals_the_accountant_step_by_step(mechanism):
 def test_epsilon_curve_checks_its_inputs():
     from lightning_dprel.accounting import epsilon_curve
 
-    spec = _spec(2000, 3000, 3, 0.01, 1)
+    spec = make_spec(2000, 3000, 3, 0.01, 1)
     with pytest.raises(ValueError, match=r"`steps` must be ints >= 0"):
         epsilon_curve("naive", spec, 1.0, 1e-4, [1, -2])
     with pytest.raises(ValueError, match=r"`delta` must be in \(0, 1\)"):
@@ -297,7 +286,7 @@ def test_plot_epsilon_curve_saves_a_figure(tmp_path):
     pytest.importorskip("matplotlib")
     from lightning_dprel.accounting import epsilon_curve, plot_epsilon_curve
 
-    spec = _spec(2000, 3000, 3, 0.01, 1)
+    spec = make_spec(2000, 3000, 3, 0.01, 1)
     steps = np.arange(0, 201, 20)
     path = tmp_path / "eps.png"
     ax = plot_epsilon_curve(steps, epsilon_curve("freq_corrected", spec, 1.0, 1e-4, steps), label="corrected",

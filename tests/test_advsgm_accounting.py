@@ -18,17 +18,13 @@ from lightning_dprel.methods.advsgm.accounting import (
 )
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import PRIVACY_UNITS, SamplingSpec
+from lightning_dprel.demos.specs import make_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 # PPI as the paper trains it: |V| = 3,890, |E| = 0.9·76,584 training edges (68,925.6 → 68,926), B = 128, k = 5.
 PPI = dict(num_nodes=3890, num_edges=round(0.9 * 76_584), batch_size=128, k=5, sigma=5.0, delta=1e-5)
 DATASETS = {"ppi": (3890, 76_584, 4.30), "facebook": (4039, 88_234, 4.12), "blog": (10_312, 333_983, 1.45)}
-
-
-def _spec(n: int, m: int, K: int, k: int, b: float, unit: str = "entity") -> SamplingSpec:
-    return SamplingSpec(num_nodes=n, num_edges=m, max_degree=K, sampling_rate=b / m, neg_per_pos=k,
-                        expected_batch_size=b / m * m, steps_per_epoch=math.ceil(m / b), privacy_unit=unit)
 
 
 def _eps(mechanism: str, spec: SamplingSpec, sigma: float, steps: int, delta: float = 1e-5) -> float:
@@ -101,8 +97,8 @@ def test_advsgm_paper_per_step_equals_dp_accounting():
 
 def test_public_ids_ppi_case():
     # σ = 5, b = 128, k = 5, K = 5, m = 9,725 capped edges, n = 3,890 nodes, δ = 1e-5 (γ = 128/9,725)
-    pub = _spec(3890, 9725, 5, 5, 128, unit="node_public_ids")
-    ent = _spec(3890, 9725, 5, 5, 128)
+    pub = make_spec(3890, 9725, 5, 128 / 9725, 5, unit="node_public_ids")
+    ent = make_spec(3890, 9725, 5, 128 / 9725, 5)
     assert [round(_eps("skipgram_public_ids", pub, 5.0, t), 2) for t in (28, 675, 750)] == [0.28, 1.47, 1.55]
     assert [round(_eps("standard", ent, 5.0, t), 2) for t in (28, 675, 750)] == [2.12, 11.84, 12.61]
 
@@ -110,8 +106,8 @@ def test_public_ids_ppi_case():
 @pytest.mark.parametrize("gamma,sigma", [(0.01, 1.0), (1e-3, 0.5), (0.1, 3.0), (0.3, 2.0)])
 def test_public_ids_equals_poisson_gaussian_at_k1(gamma, sigma):
     m = 100_000
-    pub = _spec(50_000, m, 1, 4, gamma * m, unit="node_public_ids")
-    ex = _spec(50_000, m, 1, 4, gamma * m, unit="example")
+    pub = make_spec(50_000, m, 1, gamma, 4, unit="node_public_ids")
+    ex = make_spec(50_000, m, 1, gamma, 4, unit="example")
     np.testing.assert_allclose(per_step_rdp("skipgram_public_ids", pub, sigma), per_step_rdp("poisson_gaussian", ex, sigma),
                                rtol=1e-6, atol=0)
 
@@ -120,8 +116,8 @@ def test_public_ids_equals_poisson_gaussian_at_k1(gamma, sigma):
                                              (40, 1, 0.002, 1.5)])
 def test_public_ids_never_above_standard(K, k, gamma, sigma):
     m = 20_000
-    pub = per_step_rdp("skipgram_public_ids", _spec(5000, m, K, k, gamma * m, unit="node_public_ids"), sigma)
-    std = per_step_rdp("standard", _spec(5000, m, K, k, gamma * m), sigma)
+    pub = per_step_rdp("skipgram_public_ids", make_spec(5000, m, K, gamma, k, unit="node_public_ids"), sigma)
+    std = per_step_rdp("standard", make_spec(5000, m, K, gamma, k), sigma)
     assert np.all(pub <= std * (1 + 1e-9))
 
 
@@ -131,6 +127,6 @@ def test_public_ids_mechanism_and_unit_refusal():
     assert mech.clipping == ("standard",) and mech.accounting == "skipgram_public_ids" and mech.warning is None
     check_unit("skipgram_public_ids", "node_public_ids")
     ledger = PrivacyLedger()
-    ledger.open(_spec(3890, 9725, 5, 5, 128))  # sampled for entities (private ids)
+    ledger.open(make_spec(3890, 9725, 5, 128 / 9725, 5))  # sampled for entities (private ids)
     with pytest.raises(ValueError, match=r"(?s)'skipgram_public_ids' is proven for the unit 'node_public_ids'.*'entity'"):
         ledger.check_mechanism("skipgram_public_ids", "standard")

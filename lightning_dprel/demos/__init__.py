@@ -2,7 +2,8 @@
 
 The graph generators and the pretrained-model resolver are library code (:mod:`lightning_dprel.datamodules.datasets.
 generators`, :mod:`lightning_dprel.pretrained`), re-exported here for tests and examples; :mod:`.boring_classes` holds a
-quiet trainer, tiny specs and datamodules, :mod:`.tuple_batches` batches built straight from tensors.
+quiet trainer and tiny private modules and datamodules, :mod:`.specs` tiny sampling specs, :mod:`.tuple_batches` batches
+built straight from tensors.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Small private Lightning classes for tests and examples (as Lightning's ``demos/boring_classes.py``).
 
-:func:`quiet_trainer` is a CPU Trainer that prints and saves nothing; :func:`make_spec` a tiny
-:class:`~lightning_dprel.core.specs.SamplingSpec`; :class:`BoringPrivateModule` exposes a
+:func:`quiet_trainer` is a CPU Trainer that prints and saves nothing; :class:`BoringPrivateModule` exposes a
 :class:`~lightning_dprel.core.specs.NoiseSpec`, takes one manual optimizer step per training batch and charges its
-ledger with the batch as the sample; :class:`SpecDataModule` exposes a SamplingSpec after setup (or none);
-:func:`tiny_relational_dm` is a RelationalDataModule on a 200-node feature graph.
+ledger with the batch as the sample; :class:`SpecDataModule` exposes a SamplingSpec (from
+:func:`~lightning_dprel.demos.specs.make_spec`) after setup, or none; :func:`tiny_relational_dm` and
+:func:`tiny_prompt_dm` are a RelationalDataModule and a PromptDataModule on small seeded graphs.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.demos.specs import make_spec
 
 __all__ = [
-    "quiet_trainer", "make_spec", "BoringPrivateModule", "SpecDataModule", "tiny_relational_dm", "InterruptAt",
-    "rank_zero_messages",
+    "quiet_trainer", "make_spec", "BoringPrivateModule", "SpecDataModule", "tiny_relational_dm", "tiny_prompt_dm",
+    "InterruptAt", "rank_zero_messages",
 ]
 
 
@@ -33,14 +34,6 @@ def quiet_trainer(callbacks=(), **kwargs) -> pl.Trainer:
     options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                    accelerator="cpu", devices=1, num_sanity_val_steps=0, limit_val_batches=0)
     return pl.Trainer(callbacks=list(callbacks), **{**options, **kwargs})
-
-
-def make_spec(n=2000, m=5000, K=3, gamma=0.01, k=2, *, steps_per_epoch=8, unit="entity", num_units=None) -> SamplingSpec:
-    """n nodes, m capped edges of degree <= K, positives at Poisson rate γ (b = γ·m), k negatives per positive."""
-    return SamplingSpec(
-        num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=gamma * m, steps_per_epoch=steps_per_epoch, privacy_unit=unit, num_units=num_units,
-    )
 
 
 class BoringPrivateModule(pl.LightningModule):
@@ -110,6 +103,16 @@ def tiny_relational_dm(source=None, *, stage: str | None = "fit", **kwargs):
     if stage is not None:
         dm.setup(stage)
     return dm
+
+
+def tiny_prompt_dm(source=None, **kwargs):
+    """A PromptDataModule on ``SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2)`` (or
+    ``source``) with 8 teachers, 30 queries and fanout 5 (``kwargs`` override); not set up."""
+    from lightning_dprel.datamodules.datasets.nodes import SyntheticNodes
+    from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
+
+    source = SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2) if source is None else source
+    return PromptDataModule(source, **{"num_teachers": 8, "num_queries": 30, "fanout": 5, **kwargs})
 
 
 class InterruptAt(pl.Callback):
