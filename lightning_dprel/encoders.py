@@ -176,10 +176,14 @@ def check_encoder_inputs(encoder: nn.Module, inputs: Mapping[str, Any], where: s
 def _try_two_nodes(encoder: nn.Module, inputs: Mapping[str, Tensor], where: str) -> None:
     """Run a custom encoder on the first two nodes without side effects; report a failure with the shapes."""
     was_training = encoder.training
+    param = next((p for p in encoder.parameters() if p.is_floating_point()), None)
+    like = {} if param is None else {"device": param.device}  # only the shapes are on trial: same device (and float dtype)
+    trial = {k: v[:2].to(**like, **({"dtype": param.dtype} if param is not None and v.is_floating_point() else {}))
+             for k, v in inputs.items()}
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             encoder.eval()
-            encoder(**{k: v[:2] for k, v in inputs.items()})
+            encoder(**trial)
     except Exception as err:  # noqa: BLE001 - re-raised with the shapes and the remedy
         raise ValueError(
             f"{type(encoder).__name__} fails on {where} ({_described(inputs)}; tried on the first two nodes): "
