@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import time
-import warnings
 
 import pytest
 import torch
@@ -14,19 +13,13 @@ from ddp_helpers import gloo_group, run_script, spawn
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import SAMPLING_TAG
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import tiny_relational_dm
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.datamodules.edge_tuples.sampling import neg_sample_wor, poisson_positives
 
+# Most streams here are seeded on purpose; the public-seed warning itself is asserted below and in test_secret_randomness.
+pytestmark = pytest.mark.filterwarnings(r"ignore:RelationalDataModule\(sampling_seed=<int>\):UserWarning")
 GRAPH = random_feature_graph(200, 600, seed=1)
-
-
-def _dm(**kw) -> RelationalDataModule:
-    opts = {"expected_batch_size": 8, "neg_per_pos": 2, "seed": 3, "steps_per_epoch": 4, **kw}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the public-seed warning (tested elsewhere)
-        dm = RelationalDataModule(GRAPH, **opts)
-    dm.setup("fit")
-    return dm
 
 
 def _key(dm: RelationalDataModule) -> bytes:
@@ -40,7 +33,7 @@ def _same(a, b) -> bool:
 
 
 def test_step_t_is_drawn_from_two_children_of_the_keyed_stream():
-    dm = _dm(sampling_seed=11)
+    dm = tiny_relational_dm(sampling_seed=11)
     spec = dm.sampling_spec
     root = KeyedStream.seeded(11, SAMPLING_TAG, warn=False)
     for step in (0, 5, 123):
@@ -52,12 +45,12 @@ def test_step_t_is_drawn_from_two_children_of_the_keyed_stream():
 
 
 def test_seek_is_constant_time_and_matches_the_uninterrupted_stream():
-    dm = _dm(sampling_seed=5)
+    dm = tiny_relational_dm(sampling_seed=5)
     whole = [b for _ in range(3) for b in dm.train_dataloader()]
-    other = _dm(sampling_seed=5)
+    other = tiny_relational_dm(sampling_seed=5)
     other.seek(1, 3)
     assert all(_same(a, b) for a, b in zip(whole[7:], list(other.train_dataloader()) + list(other.train_dataloader())))
-    far = _dm(sampling_seed=5)
+    far = tiny_relational_dm(sampling_seed=5)
     start = time.perf_counter()
     far.seek(10**9, 2)  # no replay: a billion epochs ahead costs one draw
     batch = next(iter(far.train_dataloader()))
@@ -65,21 +58,21 @@ def test_seek_is_constant_time_and_matches_the_uninterrupted_stream():
 
 
 def test_seeded_resume_draws_the_uninterrupted_batches():
-    dm = _dm(sampling_seed=9)
+    dm = tiny_relational_dm(sampling_seed=9)
     it = iter(dm.train_dataloader())
     next(it), next(it)
     state = dm.state_dict()
     assert state["stream"] == {"tag": SAMPLING_TAG, "seed": 9, "counter": 0}
     assert (state["epoch"], state["index"]) == (0, 2) and "sampling_seed" not in state
     rest = [next(it), next(it)] + list(dm.train_dataloader())
-    resumed = _dm(sampling_seed=9)
+    resumed = tiny_relational_dm(sampling_seed=9)
     resumed.load_state_dict(state)
     again = list(resumed.train_dataloader()) + list(resumed.train_dataloader())
     assert [b.step for b in again] == [2, 3, 4, 5, 6, 7] and all(_same(a, b) for a, b in zip(rest, again))
 
 
 def test_secret_state_holds_no_key_and_a_resumed_secret_stream_draws_fresh_batches():
-    dm = _dm()
+    dm = tiny_relational_dm()
     it = iter(dm.train_dataloader())
     next(it), next(it)
     key, state = _key(dm), dm.state_dict()
@@ -88,7 +81,7 @@ def test_secret_state_holds_no_key_and_a_resumed_secret_stream_draws_fresh_batch
     assert key not in buf.getvalue() and key.hex() not in repr(state)
     assert state["stream"] == {"tag": SAMPLING_TAG, "seed": None, "counter": 0} and "sampling_seed" not in state
     rest = [next(it), next(it)]
-    resumed = _dm()
+    resumed = tiny_relational_dm()
     resumed.load_state_dict(state)
     again = list(resumed.train_dataloader())
     assert [b.step for b in again] == [2, 3]  # the position resumes ...
@@ -96,20 +89,20 @@ def test_secret_state_holds_no_key_and_a_resumed_secret_stream_draws_fresh_batch
 
 
 def test_a_secret_and_a_seeded_stream_do_not_resume_each_other():
-    secret, seeded = _dm(), _dm(sampling_seed=4)
+    secret, seeded = tiny_relational_dm(), tiny_relational_dm(sampling_seed=4)
     with pytest.raises(ValueError, match=r"drawn with secret \(sampling_seed=None\), this datamodule's with sampling_seed=4"):
         seeded.load_state_dict(secret.state_dict())
     with pytest.raises(ValueError, match=r"drawn with sampling_seed=4, this datamodule's with secret"):
         secret.load_state_dict(seeded.state_dict())
     with pytest.raises(ValueError, match=r"drawn with sampling_seed=4, this datamodule's with sampling_seed=5"):
-        _dm(sampling_seed=5).load_state_dict(seeded.state_dict())
+        tiny_relational_dm(sampling_seed=5).load_state_dict(seeded.state_dict())
     old = {"version": 2, "seed": 3, "sampling_seed": 1, "epoch": 0, "index": 1}  # an mt19937-era checkpoint
     with pytest.raises(ValueError, match=r"state version 2, this datamodule reads version 3.*keyed CSPRNG"):
         secret.load_state_dict(old)
 
 
 def test_state_loaded_before_setup_is_applied_at_setup():
-    dm = _dm(sampling_seed=2)
+    dm = tiny_relational_dm(sampling_seed=2)
     dm.seek(2, 1)
     with pytest.warns(UserWarning, match=r"sampling_seed=<int>\) makes the training batches reproducible"):
         early = RelationalDataModule(GRAPH, expected_batch_size=8, neg_per_pos=2, seed=3, steps_per_epoch=4, sampling_seed=2)
@@ -135,7 +128,7 @@ def test_trainer_checkpoint_of_a_secret_stream_holds_no_key(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    dm = _dm()
+    dm = tiny_relational_dm()
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
     pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                devices=1, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[ckpt]).fit(Rec(), datamodule=dm)
@@ -191,7 +184,7 @@ def test_ddp_ranks_draw_the_same_global_batch_from_a_secret_stream(tmp_path):
 
 
 def _rekey_worker(rank: int, world: int, port: int, folder: str) -> None:
-    dm = _dm(expected_batch_size=20)  # set up before the process group: a draw now keys this rank alone
+    dm = tiny_relational_dm(expected_batch_size=20)  # set up before the process group: a draw now keys this rank alone
     alone = dm.draw_global(0)[0]
     with gloo_group(rank, world, port):
         dm.setup("fit")  # Lightning calls setup on every rank: the stream takes rank 0's key here

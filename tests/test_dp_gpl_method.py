@@ -11,6 +11,7 @@ import torch
 
 from lightning_dprel.accounting.analysis.pate import sigma_for_epsilon
 from lightning_dprel.datamodules.datasets import SyntheticNodes
+from lightning_dprel.demos.boring_classes import tiny_prompt_dm
 from lightning_dprel.methods.dp_gpl import (
     DPGPLModule, GPFPlus, PromptDataModule, build_prompt, confident_gnmax, vote_histogram,
 )
@@ -18,11 +19,6 @@ from lightning_dprel.core.randomness import KeyedStream
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_thread")]
 SMALL = dict(hidden_dim=16, pretrain_epochs=5, teacher_epochs=15, noise_seed=None, allow_untracked=True)  # the callback: test_dp_gpl_under_privacy_callback
-
-
-def _dm(view: str = "public") -> PromptDataModule:
-    src = SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2)
-    return PromptDataModule(src, num_teachers=8, num_queries=30, view=view, fanout=5)
 
 
 def _fit(module: DPGPLModule, dm: PromptDataModule, epochs: int = 30) -> pl.Trainer:
@@ -33,7 +29,7 @@ def _fit(module: DPGPLModule, dm: PromptDataModule, epochs: int = 30) -> pl.Trai
 
 
 def test_calibrated_run_spends_exactly_the_target_and_answers_once():
-    dm, module = _dm(), DPGPLModule(target_epsilon=2.0, threshold=0.3, **SMALL)
+    dm, module = tiny_prompt_dm(), DPGPLModule(target_epsilon=2.0, threshold=0.3, **SMALL)
     trainer = _fit(module, dm)
     s = sigma_for_epsilon(2.0, 1e-5, 30)
     assert module.sigmas == (pytest.approx(s), pytest.approx(s))
@@ -48,7 +44,7 @@ def test_calibrated_run_spends_exactly_the_target_and_answers_once():
 
 
 def test_noise_free_ensemble_learns_and_has_no_finite_epsilon():
-    dm, module = _dm(), DPGPLModule(sigma_threshold=0.0, sigma_vote=0.0, **SMALL)
+    dm, module = tiny_prompt_dm(), DPGPLModule(sigma_threshold=0.0, sigma_vote=0.0, **SMALL)
     trainer = _fit(module, dm, epochs=60)
     acc = trainer.test(module, dm, verbose=False)[0]["test_acc"]
     majority = torch.bincount(dm.data.y[dm.public & dm.data.test_mask]).max().item() / int((dm.public & dm.data.test_mask).sum())
@@ -58,11 +54,11 @@ def test_noise_free_ensemble_learns_and_has_no_finite_epsilon():
 
 def test_full_graph_view_is_labelled_infinite_and_paper_mode_keeps_its_claim_apart():
     module = DPGPLModule(sigma_threshold=5.0, sigma_vote=5.0, threshold=0.3, **SMALL)
-    _fit(module, _dm("full"), epochs=2)
+    _fit(module, tiny_prompt_dm(view="full"), epochs=2)
     assert math.isinf(module.epsilon()) and module.privacy_report()["epsilon"] == "inf"
     with pytest.warns(UserWarning, match="data-dependent"):
         paper = DPGPLModule(sigma_threshold=5.0, sigma_vote=5.0, threshold=0.3, mode="paper", **SMALL)
-    _fit(paper, _dm(), epochs=2)
+    _fit(paper, tiny_prompt_dm(), epochs=2)
     claim = paper.paper_claim  # in memory only: a function of the private votes
     assert claim["data_dependent_epsilon"] <= paper.epsilon() + 1e-9  # never above the bound that holds
     assert "leaks" in claim["warning"]
@@ -122,7 +118,7 @@ def test_checkpoint_keeps_the_answers_and_export_writes_only_the_student(tmp_pat
 
     from lightning_dprel.export import export_main
 
-    dm, module = _dm(), DPGPLModule(target_epsilon=4.0, **SMALL)
+    dm, module = tiny_prompt_dm(), DPGPLModule(target_epsilon=4.0, **SMALL)
     trainer = _fit(module, dm, epochs=5)
     trainer.save_checkpoint(str(tmp_path / "m.ckpt"))
     back = DPGPLModule.load_from_checkpoint(str(tmp_path / "m.ckpt"))
@@ -142,7 +138,7 @@ def test_answer_budget_charges_its_slots_and_never_answers_more():
     from lightning_dprel.core.ledger import PrivacyLedger
     from lightning_dprel.methods.dp_gpl import pate_releases
 
-    dm, module = _dm(), DPGPLModule(target_epsilon=2.0, answer_budget=5, sigma_ratio=2.0, threshold=0.2, **SMALL)
+    dm, module = tiny_prompt_dm(), DPGPLModule(target_epsilon=2.0, answer_budget=5, sigma_ratio=2.0, threshold=0.2, **SMALL)
     _fit(module, dm, epochs=2)
     s1, s2 = module.sigmas
     assert s1 == pytest.approx(2.0 * s2) and module.answers.num_answered <= 5
@@ -152,7 +148,7 @@ def test_answer_budget_charges_its_slots_and_never_answers_more():
         by_hand.charge(event)
     assert by_hand.epsilon(1e-5) == pytest.approx(2.0, rel=1e-6)
     everything = DPGPLModule(target_epsilon=2.0, **SMALL)
-    _fit(everything, _dm(), epochs=1)
+    _fit(everything, tiny_prompt_dm(), epochs=1)
     assert s2 < everything.sigmas[1]  # fewer vote releases: less noise on each answer at the same ε
     counts = torch.tensor([[100.0, 0.0]] * 10)
     a = confident_gnmax(counts, threshold=10, sigma_threshold=1.0, sigma_vote=1.0, stream=KeyedStream.seeded(1, "t", warn=False), max_answers=3)
@@ -161,7 +157,7 @@ def test_answer_budget_charges_its_slots_and_never_answers_more():
 
 def test_a_second_fit_on_other_queries_is_refused():
     module = DPGPLModule(target_epsilon=2.0, **SMALL)
-    _fit(module, _dm(), epochs=1)
+    _fit(module, tiny_prompt_dm(), epochs=1)
     other = PromptDataModule(SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2), num_teachers=8, num_queries=20, fanout=5)
     with pytest.raises(ValueError, match="other queries"):
         _fit(module, other, epochs=2)

@@ -14,17 +14,10 @@ from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.datamodules.datasets import SyntheticNodes
 from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
+from lightning_dprel.demos.boring_classes import tiny_prompt_dm
 from lightning_dprel.methods.dp_gpl import DPGPLModule, PromptDataModule, gnmax, group_votes, public_clusters, vote_histogram
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_thread")]
-
-
-def _source(seed: int = 2) -> SyntheticNodes:
-    return SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=seed)
-
-
-def _dm(groups: int | None = 5, source=None) -> PromptDataModule:
-    return PromptDataModule(source or _source(), num_teachers=8, num_queries=30, fanout=5, query_groups=groups)
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -76,13 +69,13 @@ def test_gnmax_answers_every_query_with_the_noisy_argmax():
 
 # ----------------------------------------------------------------------------- the datamodule
 def test_groups_come_from_public_nodes_only():
-    dm = _dm()
+    dm = tiny_prompt_dm(query_groups=5)
     dm.setup()
     data = dm.data.clone()
     g = torch.Generator().manual_seed(0)
     data.x[dm.private] = torch.randn(int(dm.private.sum()), data.x.shape[1], generator=g) * 50  # private rows rewritten
     data.y[dm.private] = (data.y[dm.private] + 1) % 3
-    other = _dm(source=InMemoryNodes(data))
+    other = tiny_prompt_dm(InMemoryNodes(data), query_groups=5)
     other.setup()
     assert torch.equal(other.cluster, dm.cluster) and torch.equal(other.groups, dm.groups)
     assert torch.equal(other.query_group, dm.query_group)
@@ -91,7 +84,7 @@ def test_groups_come_from_public_nodes_only():
 
 
 def test_an_answered_group_labels_every_public_training_node_of_its_cluster():
-    dm = _dm()
+    dm = tiny_prompt_dm(query_groups=5)
     dm.setup()
     g = dm.num_vote_queries
     answered = torch.tensor([i % 2 == 0 for i in range(g)])
@@ -130,7 +123,7 @@ def test_removing_a_private_node_moves_at_most_its_own_teachers_group_votes():
 # ----------------------------------------------------------------------------- the module
 def test_gnmax_over_groups_charges_one_vote_release_per_group_equal_to_dp_accounting():
     dp_accounting = pytest.importorskip("dp_accounting")
-    dm, module = _dm(), DPGPLModule(target_epsilon=2.0, threshold=None, **SMALL)
+    dm, module = tiny_prompt_dm(query_groups=5), DPGPLModule(target_epsilon=2.0, threshold=None, **SMALL)
     _fit(module, dm, epochs=20)
     s1, s2 = module.sigmas
     g = dm.num_vote_queries
@@ -146,13 +139,13 @@ def test_gnmax_over_groups_charges_one_vote_release_per_group_equal_to_dp_accoun
 
 
 def test_grouped_answers_survive_a_checkpoint_and_other_groups_are_refused(tmp_path):
-    dm, module = _dm(), DPGPLModule(target_epsilon=4.0, threshold=None, **SMALL)
+    dm, module = tiny_prompt_dm(query_groups=5), DPGPLModule(target_epsilon=4.0, threshold=None, **SMALL)
     trainer = _fit(module, dm, epochs=3)
     trainer.save_checkpoint(str(tmp_path / "m.ckpt"))
     back = DPGPLModule.load_from_checkpoint(str(tmp_path / "m.ckpt"))
     assert back.query_groups == 5 and torch.equal(back.answers.labels, module.answers.labels)
     with pytest.raises(ValueError, match="other queries"):
-        _fit(module, _dm(groups=3), epochs=4)
+        _fit(module, tiny_prompt_dm(query_groups=3), epochs=4)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -166,7 +159,7 @@ def test_gnmax_without_threshold_refuses_settings_it_cannot_honour(kwargs, match
 def test_bad_query_groups_are_refused():
     for k in (0, -2, True, 2.5):
         with pytest.raises(ValueError, match="query_groups"):
-            _dm(groups=k)
-    dm = _dm(groups=10_000)
+            tiny_prompt_dm(query_groups=k)
+    dm = tiny_prompt_dm(query_groups=10_000)
     with pytest.raises(ValueError, match="exceeds"):
         dm.setup()

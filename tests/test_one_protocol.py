@@ -13,21 +13,11 @@ import torch
 from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.core.ledger_module import LedgerModule
 from lightning_dprel.core.private_module import PrivateModule
-from lightning_dprel.datamodules.datasets import SyntheticNodes
-from lightning_dprel.methods.dp_gpl import DPGPLModule, PromptDataModule
+from lightning_dprel.demos.boring_classes import quiet_trainer, tiny_prompt_dm
+from lightning_dprel.methods.dp_gpl import DPGPLModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SMALL = dict(hidden_dim=16, pretrain_epochs=3, teacher_epochs=5, threshold=None)
-
-
-def _dm() -> PromptDataModule:
-    src = SyntheticNodes(300, 3, dim=8, avg_degree=6.0, feature_noise=1.0, seed=2)
-    return PromptDataModule(src, num_teachers=8, num_queries=30, fanout=5)
-
-
-def _trainer(*callbacks: pl.Callback, epochs: int = 2) -> pl.Trainer:
-    return pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks))
 
 
 def test_every_method_sits_on_the_ledger_layer():
@@ -46,15 +36,15 @@ def test_every_method_sits_on_the_ledger_layer():
 def test_callback_refuses_a_dp_gpl_fit_whose_first_release_passes_the_budget():
     module = DPGPLModule(sigma_threshold=2.0, sigma_vote=2.0, **SMALL)  # 30 GNMax answers at σ = 2: far above ε = 1
     with pytest.raises(ValueError, match=r"would spend ε = .* > target_epsilon = 1.0 .*refused before the first release"):
-        _trainer(PrivacyCallback(target_epsilon=1.0, delta=1e-5)).fit(module, _dm())
+        quiet_trainer([PrivacyCallback(target_epsilon=1.0, delta=1e-5)], max_epochs=2).fit(module, tiny_prompt_dm())
     assert module.answers is None and not module.privacy_ledger.segments  # nothing was answered, nothing charged
 
 
 def test_callback_calibrates_dp_gpl_to_its_target_and_logs_epsilon():
     module = DPGPLModule(sigma_threshold=2.0, sigma_vote=2.0, **SMALL)
     callback = PrivacyCallback(target_epsilon=2.0, delta=1e-5, calibrate=True)
-    trainer = _trainer(callback)
-    trainer.fit(module, _dm())
+    trainer = quiet_trainer([callback], max_epochs=2)
+    trainer.fit(module, tiny_prompt_dm())
     assert module.epsilon() == pytest.approx(2.0, rel=1e-6) and callback.epsilon == pytest.approx(2.0, rel=1e-6)
     assert module.sigmas[1] > 2.0  # the callback's calibration replaced the configured σ
     assert float(trainer.callback_metrics["epsilon"]) == pytest.approx(2.0, rel=1e-5)
@@ -66,15 +56,15 @@ def test_callback_calibrates_dp_gpl_to_its_target_and_logs_epsilon():
 def test_untracked_private_dp_gpl_fit_is_refused_before_any_release():
     module = DPGPLModule(sigma_threshold=40.0, sigma_vote=40.0, **SMALL)
     with pytest.raises(RuntimeError, match="no PrivacyCallback"):
-        _trainer().fit(module, _dm())
+        quiet_trainer(max_epochs=2).fit(module, tiny_prompt_dm())
     assert module.answers is None and not module.privacy_ledger.segments
 
 
 def test_dp_gpl_warns_when_delta_is_not_well_below_one_over_n():
-    dm = _dm()
+    dm = tiny_prompt_dm()
     module = DPGPLModule(sigma_threshold=40.0, sigma_vote=40.0, delta=0.05, allow_untracked=True, **SMALL)
     with pytest.warns(UserWarning, match=r"DPGPLModule: δ = 0.05 is not below 1/n = .* \(n = \d+ labelled nodes\)"):
-        _trainer(epochs=1).fit(module, dm)
+        quiet_trainer(max_epochs=1).fit(module, dm)
 
 
 def test_export_has_one_path_for_every_method(tmp_path):
@@ -84,7 +74,7 @@ def test_export_has_one_path_for_every_method(tmp_path):
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path,
                          callbacks=[PrivacyCallback(delta=1e-5)])
-    trainer.fit(module, _dm())
+    trainer.fit(module, tiny_prompt_dm())
     trainer.save_checkpoint(tmp_path / "gpl.ckpt")
     out = export_main(["--ckpt_path", str(tmp_path / "gpl.ckpt"), "--out", str(tmp_path / "gpl")])
     meta, privacy = (json.loads((out / f).read_text()) for f in ("model.json", "privacy.json"))

@@ -21,6 +21,7 @@ from torch_geometric.data import Data
 from lightning_dprel.datamodules import RelationalDataModule
 from lightning_dprel.datamodules.edge_tuples.datamodule import held_out_mask
 from lightning_dprel.demos import random_feature_graph
+from lightning_dprel.demos.boring_classes import tiny_relational_dm
 from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.core.optim import DPOptimizer
@@ -119,16 +120,9 @@ def test_nothing_from_the_private_batch_is_logged_by_default():
 
 
 # ----------------------------------------------------------------------------- sampling seeds
-def _dm(**kw) -> RelationalDataModule:
-    dm = RelationalDataModule(random_feature_graph(200, 600, seed=1), expected_batch_size=8, neg_per_pos=2, seed=3,
-                              steps_per_epoch=4, **kw)
-    dm.setup("fit")
-    return dm
-
-
 def test_sampling_seed_is_secret_by_default_and_separate_from_the_public_seed():
-    a = _no_user_warning(_dm, "sampling_seed")
-    b = _dm()
+    a = _no_user_warning(tiny_relational_dm, "sampling_seed")
+    b = tiny_relational_dm()
     assert a.sampling_seed is None and a._randomness.is_secret and b._randomness.is_secret
     # Public preprocessing is identical (split, capping, evaluation queries) ...
     assert torch.equal(a.train_edges, b.train_edges) and torch.equal(a.eval_query, b.eval_query)
@@ -136,7 +130,7 @@ def test_sampling_seed_is_secret_by_default_and_separate_from_the_public_seed():
     pa, pb = ([x.pos for x in dm.train_dataloader()] for dm in (a, b))
     assert any(x.shape != y.shape or not torch.equal(x, y) for x, y in zip(pa, pb))
     with pytest.warns(UserWarning, match="voids amplification by subsampling"):
-        c, d = _dm(sampling_seed=2**64 - 1), _dm(sampling_seed=2**64 - 1)
+        c, d = tiny_relational_dm(sampling_seed=2**64 - 1), tiny_relational_dm(sampling_seed=2**64 - 1)
     assert all(torch.equal(x.pos, y.pos) for x, y in zip(c.train_dataloader(), d.train_dataloader()))
     with pytest.raises(ValueError, match=r"`sampling_seed` must be < 2\*\*64"):
         RelationalDataModule(sampling_seed=2**64)
@@ -145,14 +139,14 @@ def test_sampling_seed_is_secret_by_default_and_separate_from_the_public_seed():
 
 
 def test_state_dict_holds_no_secret_and_a_secret_resume_draws_fresh_batches():
-    dm = _dm()
+    dm = tiny_relational_dm()
     it = iter(dm.train_dataloader())
     next(it), next(it)
     state = dm.state_dict()
     key = dm._randomness._key  # drawn from os.urandom at the first batch, held in memory only
     assert "sampling_seed" not in state and state["stream"]["seed"] is None and key.hex() not in repr(state)
     rest = [next(it), next(it)] + list(dm.train_dataloader())
-    resumed = _dm()
+    resumed = tiny_relational_dm()
     resumed.load_state_dict(state)
     again = list(resumed.train_dataloader()) + list(resumed.train_dataloader())
     assert [b.step for b in again] == [b.step for b in rest] == [2, 3, 4, 5, 6, 7]  # the position resumes ...
@@ -160,7 +154,7 @@ def test_state_dict_holds_no_secret_and_a_secret_resume_draws_fresh_batches():
     resumed.seek(1, 0)  # seek needs no replay and no saved secret
     assert next(iter(resumed.train_dataloader())).step == 4
     with pytest.warns(UserWarning):
-        other = _dm(sampling_seed=1)
+        other = tiny_relational_dm(sampling_seed=1)
     with pytest.raises(ValueError, match=r"drawn with secret \(sampling_seed=None\), this datamodule's with sampling_seed=1"):
         other.load_state_dict(state)
 
@@ -182,7 +176,7 @@ def test_trainer_mid_epoch_resume_with_a_secret_sampling_key(tmp_path):
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     def fit(callbacks, ckpt_path=None):
-        seen, dm = _Seen(), _dm()
+        seen, dm = _Seen(), tiny_relational_dm()
         module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), noise_multiplier=0.5, allow_untracked=True)
         Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                 devices=1, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=tmp_path,
