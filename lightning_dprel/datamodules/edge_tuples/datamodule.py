@@ -95,8 +95,7 @@ class RelationalDataModule(PrivateDataModule):
         eval_query, eval_target: ``[Q]`` node ids of the evaluation relations; ``eval_cands``: ``[Q, 1 + N]``
             global candidate ids (target first) or None.
         stream: the :class:`~lightning_dprel.datamodules.edge_tuples.coupled_stream.CoupledStream` of training batches.
-        held_out_test: True when the test relations were held out of the training graph, False for a separate
-            (zero-shot) test graph; the CLI's report title says which.
+        held_out_test: True: test relations held out of the training graph; False: a separate (zero-shot) test graph.
 
     Raises:
         ValueError: bad options here; bad graphs in :meth:`setup` (no edges, ids out of range, nodes without
@@ -260,8 +259,7 @@ class RelationalDataModule(PrivateDataModule):
             steps_per_epoch=self.steps_per_epoch, max_overflow_probability=self.max_overflow_probability,
         )
         self.train_edges, self.train_inputs = g.train_edges, g.train_inputs
-        self._test, self._val = g.test, g.val
-        self.held_out_test = g.held_out
+        self._test, self._val, self.held_out_test = g.test, g.val, g.held_out
         self.test_num_nodes, self.test_inputs = g.test.num_nodes, g.test.inputs
         self.eval_query, self.eval_target, self.eval_cands = g.test.query, g.test.target, g.test.cands
         self.stream = CoupledStream(self.train_edges, self.train_inputs, spec, self._randomness)
