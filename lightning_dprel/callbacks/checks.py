@@ -6,10 +6,9 @@ import math
 from typing import Any, Optional
 
 import pytorch_lightning as pl
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
-from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
+from lightning_dprel.core.checks import refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
@@ -157,21 +156,44 @@ def sigma_setter_of(pl_module: "pl.LightningModule") -> Any:
     return setter
 
 
-def resolve_unit_delta(delta: Optional[float], unit: Any, units: int, *, warn: bool) -> float:
-    """δ for ``units`` of a unit (releases without a SamplingSpec), by :func:`lightning_dprel.core.checks.resolve_delta`."""
-    return _resolve_delta(delta, unit, units, warn=warn)
+_STATE_KEYS = ("mechanism", "delta", "target_epsilon")
 
 
-def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[Any, int]:
-    """(PrivacyUnit, number of units) of the data a release-making module answers on: the datamodule declares both."""
-    from lightning_dprel.core.specs import privacy_unit
+def check_saved_state(state: dict[str, Any], *, mechanism: Optional[str], target_epsilon: Optional[float],
+                      delta: Optional[float]) -> None:
+    """Refuse a PrivacyCallback state that is empty, incomplete or for another mechanism; warn on changed settings."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
-    dm = trainer.datamodule
-    declared = getattr(dm, "privacy_unit", None) if dm is not None else None
-    units = getattr(dm, "num_private_units", None) if dm is not None else None
-    if declared is None or not isinstance(units, int) or units < 1:
-        raise TypeError(
-            f"PrivacyCallback: {type(pl_module).__name__} releases without optimizer steps; its datamodule must be a "
-            f"PrivateDataModule declaring `privacy_unit` and `num_private_units`, got {type(dm).__name__}."
+    if not state:
+        raise ValueError("PrivacyCallback.load_state_dict got an empty state.")
+    missing = [key for key in _STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(
+            f"PrivacyCallback state is missing {missing}; found keys {sorted(state)}. Resume from a checkpoint written "
+            "by PrivacyCallback."
         )
-    return privacy_unit(declared), units
+    saved = state["mechanism"]
+    if mechanism is not None and saved is not None and saved != mechanism:
+        raise ValueError(
+            f"The checkpoint's privacy state was accounted with mechanism={saved!r}, but this callback was built with "
+            f"mechanism={mechanism!r}. Resume with PrivacyCallback(mechanism={saved!r})."
+        )
+    for name, ours, theirs in (("target_epsilon", target_epsilon, state["target_epsilon"]), ("delta", delta, state["delta"])):
+        if ours is not None and theirs is not None and not math.isclose(ours, theirs, rel_tol=1e-12):
+            rank_zero_warn(f"PrivacyCallback: resuming with {name}={ours}; the checkpoint used {name}={theirs}.")
+
+
+def step_summary(epsilon: float, delta: float, steps: int, sigma: Optional[float], label: str, target: Optional[float],
+                 stopped: bool) -> str:
+    """The end-of-fit line of a DP-SGD fit."""
+    line = (f"PrivacyCallback: spent ε = {epsilon:.4f} at δ = {delta:.3g} over {steps} steps, "
+            f"σ = {sigma if sigma is not None else float('nan'):.4g}, accounting: {label}")
+    if target is not None:
+        line += f", target ε = {target}" + (f" (stopped: step {steps + 1} would exceed it)" if stopped else "")
+    return line + "."
+
+
+def release_summary(epsilon: float, delta: float, releases: int, target: Optional[float]) -> str:
+    """The end-of-fit line of a fit that released without optimizer steps."""
+    line = f"PrivacyCallback: spent ε = {epsilon:.4f} at δ = {delta:.3g} over {releases} releases"
+    return line + (f", target ε = {target}." if target is not None else ".")

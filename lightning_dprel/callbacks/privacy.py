@@ -26,39 +26,32 @@ from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 from lightning_dprel.callbacks.checks import (
-    ACCOUNTING_LABELS, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps, positive_finite,
-    release_unit_of, resolve_delta, resolve_unit_delta, sampling_spec_of, sigma_setter_of,
+    ACCOUNTING_LABELS, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps,
+    check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
 )
+from lightning_dprel.core.checks import positive_finite
+from lightning_dprel.callbacks.releases import check_planned_releases, release_delta, release_unit_of
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
 
-_STATE_KEYS = ("mechanism", "delta", "target_epsilon")
-
-
 class PrivacyCallback(Callback):
-    r"""Reports (ε, δ) for the data's privacy unit after every step and halts before the budget (Algorithm 3).
+    r"""Reports (ε, δ) for the data's privacy unit after every release and halts before the budget (Algorithm 3).
 
-    Each training batch is one sampled step (for the relational method: Poisson positives, NEG-SAMPLE-WOR negatives,
-    clipping, N(0, σ²C²) noise; r noised releases on it count once at σ/√r). The module's DP optimizers record it in
-    ``pl_module.privacy_ledger``; the callback composes the ledger with each mechanism's bound and converts the RDP to
-    (ε, δ) with Theorem D.1. The ledger holds every step the model ever took, so refitting, resuming or replacing the
-    callback never restarts ε at 0; a mechanism proven for another unit than the data's is refused.
-
-    Logged after every step: ``epsilon`` (loggers and progress bar) and ``delta`` (loggers);
-    ``noise_multiplier`` once when calibrated. A one-line summary is logged at the end of fit (rank zero).
-
-    Budget: after step t it asks :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits; if
-    not it sets ``trainer.should_stop`` (agreed across ranks by ``reduce_boolean_decision``), which Lightning
-    reads before the next batch, so no step beyond the budget runs; ``min_epochs``/``min_steps`` would
-    override it and are refused. A fresh model whose first step exceeds the budget raises; a model whose
-    budget is spent stops before its first step.
+    DP-SGD modules: each training batch is one sampled step (r noised releases on it count once at σ/√r), recorded by
+    the module's DP optimizers in ``pl_module.privacy_ledger``; after step t the callback asks
+    :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits and, if not, sets ``trainer.should_stop``
+    (agreed across ranks), so no step beyond the budget runs (``min_epochs``/``min_steps`` would override it and are
+    refused). Models that release without optimizer steps (DP-GPL's answers, :meth:`planned_releases`): calibrated and
+    checked against the budget at fit start, before the first release. The ledger holds every release the model ever
+    made, so refitting, resuming or replacing the callback never restarts ε at 0; a mechanism proven for another unit
+    than the data's is refused. Logged: ``epsilon`` (progress bar, loggers), ``delta`` (loggers), ``noise_multiplier``
+    when calibrated, and a one-line summary at the end of fit (rank zero).
 
     Args:
         target_epsilon: the ε budget; ``None`` only tracks and logs ε.
         delta: δ of the (ε, δ) guarantee; default for the entity unit 1/m, m the number of capped training edges
-            (the paper's), for other units 1/(10·N), N the number of privacy units (``SamplingSpec.units``, e.g.
-            private nodes). A δ ≥ 1/N warns.
+            (the paper's), for other units 1/(10·N), N the number of privacy units; a δ not well below 1/N warns.
         mechanism: the accountant mechanism; default the module's ``noise_spec.mechanism``. Given
             explicitly, it must be the module's or stand in for it (``"naive"``, α/(2σ²), Δ ≡ C, only for
             the paper's FREQ-CLIP accounting).
@@ -181,37 +174,17 @@ class PrivacyCallback(Callback):
             return
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)
-        declared = getattr(pl_module, "declared_delta", None)
-        if declared is not None and self._delta_arg is not None and not math.isclose(declared, self._delta_arg, rel_tol=1e-12):
-            raise ValueError(f"PrivacyCallback(delta={self._delta_arg}) contradicts the module's delta={declared}; give one.")
-        self.delta = self.delta if self.delta is not None else declared
-        self.delta = resolve_unit_delta(self.delta, unit, units, warn="delta" not in self._warned)
+        self.delta = release_delta(pl_module, self.delta, unit, units, warn="delta" not in self._warned)
         self._warned.add("delta")
         if self.calibrate:
             pl_module.calibrate_releases(self.target_epsilon, self.delta)
-        planned = planner()
-        for event in planned:
-            check_unit(event.mechanism, unit.name)
-            if event.unit != unit.name:
-                raise ValueError(f"{type(pl_module).__name__} plans releases for the unit {event.unit!r}; the data declares "
-                                 f"{unit.name!r}.")
-        after = self._ledger.after(planned).epsilon(self.delta)
-        if self.target_epsilon is not None and after > self.target_epsilon:
-            raise ValueError(
-                f"PrivacyCallback: the {sum(e.count for e in planned)} releases {type(pl_module).__name__} plans would "
-                f"spend ε = {after:.6g} at δ = {self.delta:.3g} > target_epsilon = {self.target_epsilon} (after ε = "
-                f"{self.epsilon:.6g} already spent); refused before the first release. Raise the noise or the budget, "
-                "or use calibrate=True."
-            )
+        check_planned_releases(pl_module, planner(), unit, self._ledger, delta=self.delta, target=self.target_epsilon)
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if getattr(pl_module, "planned_releases", lambda: None)() is not None:  # releases, no optimizer steps
             self._ledger = ledger_of(pl_module)
-            epsilon = self.epsilon
-            pl_module.log("epsilon", epsilon, prog_bar=True, on_step=False, on_epoch=True, batch_size=1, logger=False)
-            for logger in trainer.loggers:
-                logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
+            self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
         sampling, noise = self._read_facts(trainer, pl_module)
         self._ledger = ledger_of(pl_module)
@@ -265,8 +238,8 @@ class PrivacyCallback(Callback):
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             self._set_stop(trainer, next_eps)
 
-    def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float) -> None:
-        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
+    def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float, *, on_step: bool = True) -> None:
+        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
         for logger in trainer.loggers:
             logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
@@ -292,24 +265,8 @@ class PrivacyCallback(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:
-            raise ValueError("PrivacyCallback.load_state_dict got an empty state.")
-        missing = [key for key in _STATE_KEYS if key not in state_dict]
-        if missing:
-            raise ValueError(
-                f"PrivacyCallback state is missing {missing}; found keys {sorted(state_dict)}. Resume from a "
-                "checkpoint written by PrivacyCallback."
-            )
+        check_saved_state(state_dict, mechanism=self._mechanism_arg, target_epsilon=self.target_epsilon, delta=self._delta_arg)
         saved = state_dict["mechanism"]
-        if self._mechanism_arg is not None and saved is not None and saved != self._mechanism_arg:
-            raise ValueError(
-                f"The checkpoint's privacy state was accounted with mechanism={saved!r}, but this callback was "
-                f"built with mechanism={self._mechanism_arg!r}. Resume with PrivacyCallback(mechanism={saved!r})."
-            )
-        for name, ours, theirs in (("target_epsilon", self.target_epsilon, state_dict["target_epsilon"]),
-                                   ("delta", self._delta_arg, state_dict["delta"])):
-            if ours is not None and theirs is not None and not math.isclose(ours, theirs, rel_tol=1e-12):
-                rank_zero_warn(f"PrivacyCallback: resuming with {name}={ours}; the checkpoint used {name}={theirs}.")
         if self._delta_arg is None and state_dict["delta"] is not None:
             self.delta = float(state_dict["delta"])
         self.mechanism = self.mechanism or saved
@@ -401,18 +358,7 @@ class PrivacyCallback(Callback):
 
     def _summary_line(self) -> str:
         if self.mechanism is None:  # releases that are not optimizer steps
-            line = (f"PrivacyCallback: spent ε = {self.epsilon:.4f} at δ = {self.delta:.3g} over "
-                    f"{sum(s.steps for s in self._ledger.segments)} releases")
-            return line + (f", target ε = {self.target_epsilon}." if self.target_epsilon is not None else ".")
-        line = (
-            f"PrivacyCallback: spent ε = {self.epsilon:.4f} at δ = {self.delta:.3g} over {self.steps} steps, "
-            f"σ = {self.noise_multiplier if self.noise_multiplier is not None else float('nan'):.4g}, "
-            f"accounting: {ACCOUNTING_LABELS[self.mechanism]}"
-        )
-        if self.target_epsilon is not None:
-            line += f", target ε = {self.target_epsilon}"
-            if self.stopped_step is not None and self.stopped_step == self.steps:
-                line += f" (stopped: step {self.steps + 1} would exceed it)"
-        return line + "."
-
-
+            return release_summary(self.epsilon, self.delta, sum(s.steps for s in self._ledger.segments), self.target_epsilon)
+        stopped = self.stopped_step is not None and self.stopped_step == self.steps
+        return step_summary(self.epsilon, self.delta, self.steps, self.noise_multiplier, ACCOUNTING_LABELS[self.mechanism],
+                            self.target_epsilon, stopped)

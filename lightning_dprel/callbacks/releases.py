@@ -1,0 +1,54 @@
+"""The privacy callback's checks for models that release without optimizer steps (DP-GPL's PATE answers)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+
+from lightning_dprel.accounting.mechanisms import check_unit
+from lightning_dprel.core.checks import resolve_delta
+from lightning_dprel.core.ledger import PrivacyLedger
+
+__all__ = ["release_unit_of", "release_delta", "check_planned_releases"]
+
+
+def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[Any, int]:
+    """(PrivacyUnit, number of units) of the data a release-making module answers on: the datamodule declares both."""
+    from lightning_dprel.core.specs import privacy_unit
+
+    dm = trainer.datamodule
+    declared = getattr(dm, "privacy_unit", None) if dm is not None else None
+    units = getattr(dm, "num_private_units", None) if dm is not None else None
+    if declared is None or not isinstance(units, int) or units < 1:
+        raise TypeError(
+            f"PrivacyCallback: {type(pl_module).__name__} releases without optimizer steps; its datamodule must be a "
+            f"PrivateDataModule declaring `privacy_unit` and `num_private_units`, got {type(dm).__name__}."
+        )
+    return privacy_unit(declared), units
+
+
+def release_delta(pl_module: "pl.LightningModule", given: Optional[float], unit: Any, units: int, *, warn: bool) -> float:
+    """δ of the releases: the callback's or the module's (the one it calibrates to; both given must agree), else 1/(10·n)."""
+    declared = getattr(pl_module, "declared_delta", None)
+    if declared is not None and given is not None and not math.isclose(declared, given, rel_tol=1e-12):
+        raise ValueError(f"PrivacyCallback(delta={given}) contradicts the module's delta={declared}; give one.")
+    return resolve_delta(given if given is not None else declared, unit, units, warn=warn)
+
+
+def check_planned_releases(pl_module: "pl.LightningModule", planned: list, unit: Any, ledger: PrivacyLedger, *,
+                           delta: float, target: Optional[float]) -> None:
+    """Refuse, before the first release, planned releases for another unit or whose ε would pass ``target``."""
+    name = type(pl_module).__name__
+    for event in planned:
+        check_unit(event.mechanism, unit.name)
+        if event.unit != unit.name:
+            raise ValueError(f"{name} plans releases for the unit {event.unit!r}; the data declares {unit.name!r}.")
+    after = ledger.after(planned).epsilon(delta)
+    if target is not None and after > target:
+        raise ValueError(
+            f"PrivacyCallback: the {sum(e.count for e in planned)} releases {name} plans would spend ε = {after:.6g} at "
+            f"δ = {delta:.3g} > target_epsilon = {target} (after ε = {ledger.epsilon(delta):.6g} already spent); refused "
+            "before the first release. Raise the noise or the budget, or use calibrate=True."
+        )
