@@ -95,7 +95,7 @@ class DPOptimizer(Optimizer):
         noise_multiplier: float | None = None,
         clip_norm: float | None = None,
         clipping: str = "freq",
-        accounting: str = "corrected",
+        accounting: str | None = None,
         noise_spec: NoiseSpec | None = None,
         noise: KeyedStream | None = None,
         process_group: Any = None,
@@ -120,8 +120,7 @@ class DPOptimizer(Optimizer):
         if noise_spec is None:
             if noise_multiplier is None or clip_norm is None:
                 raise TypeError("DPOptimizer needs `noise_spec`, or `noise_multiplier` and `clip_norm`.")
-            noise_spec = NoiseSpec(noise_multiplier=float(noise_multiplier), clip_norm=float(clip_norm), clipping=clipping,
-                                   accounting=accounting)
+            noise_spec = NoiseSpec(float(noise_multiplier), float(clip_norm), clipping=clipping, accounting=accounting)
         elif not isinstance(noise_spec, NoiseSpec):
             raise TypeError(f"`noise_spec` must be a NoiseSpec, got {type(noise_spec).__name__}.")
         self.noise_spec = noise_spec  # σ and C live here once the optimizer exists
@@ -139,17 +138,10 @@ class DPOptimizer(Optimizer):
     state = _proxy("state")  # type: ignore[assignment]
     defaults = _proxy("defaults")  # type: ignore[assignment]
 
-    @property
-    def noise_multiplier(self) -> float:
-        return self.noise_spec.noise_multiplier
-
-    @property
-    def clip_norm(self) -> float:
-        return self.noise_spec.clip_norm
-
-    @property
-    def clipping(self) -> str:
-        return self.noise_spec.clipping
+    # read-outs of the noise spec (its one home)
+    noise_multiplier = property(lambda self: self.noise_spec.noise_multiplier)
+    clip_norm = property(lambda self: self.noise_spec.clip_norm)
+    clipping = property(lambda self: self.noise_spec.clipping)
 
     @property
     def last_step_stats(self) -> dict[str, float]:
