@@ -1,9 +1,9 @@
 """Per-tuple clipping: FREQ-CLIP (Algorithm 1) and standard clipping, as factors from per-tuple norms.
 
-Per-tuple gradients come either as one tensor ``[B, ...]`` or as a mapping name → ``[B, ...]`` (one entry
-per trainable parameter, as :func:`lightning_dprel.grad_sample.per_tuple.per_tuple_grads` returns them). A tuple's
-norm is taken over *all* its entries. Clipping is expressed as a factor per tuple,
-factor_i = 1 / max{1, ‖g_i‖ / t_i}, so the clipped sum Σ_i factor_i·g_i is formed without copying.
+The rules map per-tuple norms to factors, factor_i = 1 / max{1, ‖g_i‖ / t_i}, so the clipped sum Σ_i factor_i·g_i is
+formed without copying. The norms and sums themselves come from the per-example gradient providers
+(:mod:`lightning_dprel.grad_sample`); the helpers on formed gradients (one tensor ``[B, ...]`` or a mapping
+name → ``[B, ...]``) take their norms from :func:`lightning_dprel.grad_sample.sums.per_tuple_norms`.
 
 References:
     Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
@@ -13,38 +13,21 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Union
-
 import torch
 from torch import Tensor
 
+from lightning_dprel.grad_sample.sums import PerTupleGrads, dropped_rows, per_tuple_norms, zero_rows
+
 __all__ = [
-    "PerTupleGrads",
-    "per_tuple_norms",
     "clip_factors",
     "freq_clip_thresholds",
     "factors_from_norms",
     "freq_clip_factors",
     "standard_clip_factors",
     "apply_factors",
-    "weighted_sum",
     "freq_clip",
     "standard_clip",
 ]
-
-#: One tensor ``[B, ...]`` or a mapping parameter name → ``[B, ...]``.
-PerTupleGrads = Union[Tensor, Mapping[str, Tensor]]
-
-
-def _tensors(grads: PerTupleGrads) -> list[Tensor]:
-    if isinstance(grads, Tensor):
-        return [grads]
-    if isinstance(grads, Mapping):
-        if not grads:
-            raise ValueError("`grads` is an empty mapping; pass at least one per-tuple gradient tensor.")
-        return list(grads.values())
-    raise TypeError(f"`grads` must be a Tensor [B, ...] or a mapping name -> Tensor [B, ...], got {type(grads).__name__}.")
 
 
 def _check_clip_norm(clip_norm: float) -> float:
@@ -55,22 +38,11 @@ def _check_clip_norm(clip_norm: float) -> float:
     return float(clip_norm)
 
 
-def per_tuple_norms(grads: PerTupleGrads) -> Tensor:
-    """‖g(T_i)‖₂ over every parameter of tuple i; returns ``[B]``."""
-    tensors = _tensors(grads)
-    size = tensors[0].shape[0]
-    for t in tensors:
-        if t.shape[0] != size:
-            raise ValueError(f"All per-tuple gradients must share the leading batch size {size}, got {t.shape[0]}.")
-    sq = [torch.linalg.vector_norm(t.reshape(size, -1) if t.numel() else t.reshape(size, 0), dim=1).pow(2) for t in tensors]
-    return torch.stack(sq, 0).sum(0).sqrt()
-
-
 def clip_factors(norms: Tensor, thresholds: Tensor | float) -> Tensor:
     """factor_i = 1 / max{1, ‖g_i‖ / t_i} = min{1, t_i / ‖g_i‖}, so ‖factor_i·g_i‖ = min{‖g_i‖, t_i}.
 
     A tuple with a non-finite norm (NaN/inf entries, or a squared norm that overflows) gets factor 0 and is
-    dropped by :func:`apply_factors` / :func:`weighted_sum`: otherwise one tuple would turn the whole noised
+    dropped by :func:`apply_factors` and the providers' weighted sums: otherwise one tuple would turn the whole noised
     sum into NaN, an event of unbounded sensitivity. 0 is within every threshold, so the analysis holds.
     """
     thresholds = torch.as_tensor(thresholds, dtype=norms.dtype, device=norms.device)
@@ -118,42 +90,16 @@ def standard_clip_factors(grads: PerTupleGrads, *, clip_norm: float) -> Tensor:
     return factors_from_norms(per_tuple_norms(grads), "standard", clip_norm=clip_norm)
 
 
-def _dropped(factors: Tensor) -> Tensor | None:
-    """Mask of the tuples with factor 0 (non-finite norms), or None when there are none (the usual case)."""
-    zero = factors == 0
-    return zero if bool(zero.any()) else None
-
-
-def _zero_rows(t: Tensor, dropped: Tensor | None) -> Tensor:
-    """``t`` with the dropped tuples set to 0 (0·NaN would still be NaN)."""
-    if dropped is None:
-        return t
-    return torch.where(dropped.reshape((-1,) + (1,) * (t.dim() - 1)), torch.zeros((), dtype=t.dtype, device=t.device), t)
-
-
 def _scale(t: Tensor, factors: Tensor, dropped: Tensor | None = None) -> Tensor:
-    return _zero_rows(t, dropped) * factors.to(t.dtype).reshape((-1,) + (1,) * (t.dim() - 1))
+    return zero_rows(t, dropped) * factors.to(t.dtype).reshape((-1,) + (1,) * (t.dim() - 1))
 
 
 def apply_factors(grads: PerTupleGrads, factors: Tensor) -> PerTupleGrads:
     """The clipped per-tuple gradients factor_i·g_i, in the structure of ``grads``."""
-    dropped = _dropped(factors)
+    dropped = dropped_rows(factors)
     if isinstance(grads, Tensor):
         return _scale(grads, factors, dropped)
     return {name: _scale(t, factors, dropped) for name, t in grads.items()}
-
-
-def weighted_sum(grads: PerTupleGrads, factors: Tensor) -> PerTupleGrads:
-    """Σ_i factor_i·g_i without materialising the clipped copies; drops the leading ``B`` dimension."""
-
-    dropped = _dropped(factors)
-
-    def one(t: Tensor) -> Tensor:
-        return torch.tensordot(factors.to(t.dtype), _zero_rows(t, dropped), dims=([0], [0]))
-
-    if isinstance(grads, Tensor):
-        return one(grads)
-    return {name: one(t) for name, t in grads.items()}
 
 
 def freq_clip(grads: PerTupleGrads, max_freq: Tensor, *, clip_norm: float) -> PerTupleGrads:

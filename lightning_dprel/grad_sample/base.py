@@ -1,8 +1,10 @@
 """The one protocol between per-example gradient providers and the DP optimizer (Algorithm 3, line 3 → line 4).
 
 A provider (vmap in :mod:`~lightning_dprel.grad_sample.per_tuple`, ghost clipping in
-:mod:`~lightning_dprel.grad_sample.ghost`, DP-GCN's per-subgraph loop) returns a :class:`TupleGradients`: the
-per-example norms and the re-weighted sum, which is all clipping, noising and accounting need.
+:mod:`~lightning_dprel.grad_sample.ghost`, the per-example loop in :mod:`~lightning_dprel.grad_sample.loop`, stacked
+copies in :mod:`~lightning_dprel.grad_sample.stacked`) returns a :class:`TupleGradients`: the per-example norms and
+the re-weighted sum, which is all clipping, noising and accounting need. Methods reach the providers through one
+entry point, :class:`~lightning_dprel.grad_sample.dispatch.GradSampler`.
 
 References:
     Opacus ``grad_sample/`` (one provider per strategy behind one interface).
@@ -10,12 +12,12 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lightning_dprel.core.clipping import per_tuple_norms, weighted_sum
+from lightning_dprel.grad_sample.sums import per_tuple_norms, weighted_sum
 
 __all__ = ["TupleGradients", "MaterializedGrads", "PerTupleResult", "trainable_parameters", "uses_dropout"]
 
@@ -43,8 +45,14 @@ class TupleGradients:
         raise NotImplementedError
 
 
-class MaterializedGrads(TupleGradients):
-    """Per-tuple gradients held as tensors name → ``[B, *param.shape]``."""
+class MaterializedGrads(TupleGradients, Mapping):
+    """Per-tuple gradients held as tensors name → ``[B, *param.shape]``; read like that mapping (``g[name]``, ``.items()``).
+
+    Compared by identity (tensors have no single truth value).
+    """
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(self, grads: Mapping[str, Tensor]) -> None:
         if not grads:
@@ -55,6 +63,15 @@ class MaterializedGrads(TupleGradients):
         if len(sizes) != 1:
             raise ValueError(f"All per-tuple gradients must share the leading batch size B, got sizes {sorted(sizes)}.")
         self.size = sizes.pop()
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.grads[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.grads)
+
+    def __len__(self) -> int:
+        return len(self.grads)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(t.shape[1:]) for n, t in self.grads.items()}
@@ -68,9 +85,9 @@ class MaterializedGrads(TupleGradients):
 
 @dataclass
 class PerTupleResult:
-    """Per-tuple gradients (name → ``[B, *param.shape]``, or a :class:`TupleGradients`) and per-tuple losses ``[B]``."""
+    """What every provider returns: the per-example :class:`TupleGradients` and the per-example losses ``[B]``."""
 
-    grads: dict[str, Tensor] | TupleGradients
+    grads: TupleGradients
     losses: Tensor
 
     @property

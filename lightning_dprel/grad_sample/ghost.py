@@ -16,7 +16,7 @@ Exact when (a) every covered layer is called once per forward, (b) row r of its 
 from slot r's inputs only (or a ``[1, ...]`` index broadcast onto all slots: BERT's position ids), and (c) nothing after
 a covered layer mixes rows. Shapes cannot show (b), (c) (T = B·(2+k) positions look like slots), so they are declared:
 :func:`ghost_safe` (library encoders, a lone covered layer, a class setting ``ghost_safe = True`` itself). ``"auto"``
-takes ghost only then and when every parameter is covered (:attr:`GhostPlan.exact`), else vmap (also after a failed
+(:class:`~lightning_dprel.grad_sample.dispatch.GradSampler`) takes ghost only then and when every parameter is covered (:attr:`GhostPlan.exact`), else vmap (also after a failed
 check). Checks: a second call raises :class:`GhostUnsupported`; a layer whose rows are not B·(2+k) moves to vmap; on an
 undeclared encoder (forced ghost) a second backward with per-tuple loss weights c must scale each covered row by its
 tuple's c (else :class:`GhostUnsupported`). Mixing raw inputs before the first covered layer is not detectable.
@@ -36,11 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_dprel.core.clipping import weighted_sum
 from lightning_dprel.encoders import MLPEncoder, ResidualAdapter, TextEncoder
 from lightning_dprel.grad_sample.per_tuple import (
     PerTupleResult, TupleGradients, check_per_tuple_args, head_for_one, per_tuple_grads, trainable_parameters,
 )
+from lightning_dprel.grad_sample.sums import weighted_sum
 
 __all__ = ["GhostUnsupported", "GhostPlan", "GhostGrads", "ghost_safe", "ghost_plan", "ghost_grads"]
 _TEXT_MODELS = ("bert", "roberta", "xlm-roberta")  # each sequence on its own, each layer called once

@@ -77,14 +77,14 @@ def per_tuple_grads(
         randomness: vmap randomness; default ``"different"`` when dropout is active, else ``"error"``.
 
     Returns:
-        :class:`PerTupleResult` with detached gradients ``[B, *shape]`` per parameter and losses ``[B]``.
+        :class:`PerTupleResult` with :class:`MaterializedGrads` (detached ``[B, *shape]`` per parameter) and losses ``[B]``.
     """
     params = check_per_tuple_args(encoder, inputs, head_args, params, chunk_size)
     params = {name: p.detach() for name, p in params.items()}
     size = next(iter(inputs.values())).shape[0]
     if size == 0:  # an empty Poisson sample is still a step: zero per-tuple gradients
         grads = {name: p.new_zeros((0,) + tuple(p.shape)) for name, p in params.items()}
-        return PerTupleResult(grads, next(iter(params.values())).new_zeros(0))
+        return PerTupleResult(MaterializedGrads(grads), next(iter(params.values())).new_zeros(0))
     if randomness is None:
         randomness = "different" if uses_dropout(encoder) else "error"
     keys = list(inputs.keys())
@@ -102,7 +102,7 @@ def per_tuple_grads(
     )
     with torch.enable_grad():
         grads, losses = fn(params, tuple(inputs[k] for k in keys), tuple(head_args))
-    return PerTupleResult({name: g.detach() for name, g in grads.items()}, losses.detach())
+    return PerTupleResult(MaterializedGrads({name: g.detach() for name, g in grads.items()}), losses.detach())
 
 
 def head_for_one(head: Callable[..., Tensor]) -> Callable[..., Tensor]:

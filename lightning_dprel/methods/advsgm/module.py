@@ -30,8 +30,8 @@ from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch, tuple_inputs
 from lightning_dprel.encoders import build_encoder, encoder_spec
-from lightning_dprel.grad_sample.ghost import GhostPlan, ghost_grads, ghost_plan
-from lightning_dprel.grad_sample.per_tuple import PerTupleResult, per_tuple_grads, trainable_parameters
+from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
+from lightning_dprel.grad_sample.dispatch import GradSampler
 from lightning_dprel.methods.advsgm.adversarial import FakeNeighbours
 from lightning_dprel.methods.advsgm.encoder import NodeIdEmbedding
 from lightning_dprel.methods.advsgm.losses import adversarial_loss, sgns_loss
@@ -73,8 +73,9 @@ class DPSkipGramModule(PrivateModule):
         clipping: ``"standard"`` (provable) or ``"none"`` (non-private baseline, needs σ = 0; paper mode forces it).
         accounting: ``"skipgram_public_ids"`` (ids public) or ``"standard"`` (node set private).
         clip_norm, noise_multiplier, noise_seed, allow_untracked, diagnostics: as for every private module.
-        per_tuple_mode: ``"auto"``/``"ghost"`` (the tables' ghost norms) or ``"vmap"``.
-        chunk_size: tuples per ghost pass (None: all).
+        per_tuple_mode: ``"auto"``/``"ghost"`` (the tables' ghost norms, exact here) or ``"vmap"``
+            (:class:`~lightning_dprel.grad_sample.dispatch.GradSampler`).
+        chunk_size: tuples per forward/backward pass (None: all).
     """
 
     report_metrics = (("test_auc", "link AUC"),)
@@ -93,8 +94,7 @@ class DPSkipGramModule(PrivateModule):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-        if per_tuple_mode not in ("auto", "ghost", "vmap"):
-            raise ValueError(f"`per_tuple_mode` must be 'auto', 'ghost' or 'vmap', got {per_tuple_mode!r}.")
+        self.grad_sampler = GradSampler(per_tuple_mode, chunk_size)  # grad_sample's one entry point (validates both)
         if not float(adversarial) >= 0.0:
             raise ValueError(f"`adversarial` (λ) must be >= 0, got {adversarial}.")
         if mode == "paper":
@@ -116,7 +116,6 @@ class DPSkipGramModule(PrivateModule):
         self.generator: FakeNeighbours | None = None
         if encoder is not None or num_nodes is not None:
             self._build(encoder if encoder is not None else NodeIdEmbedding(int(num_nodes), dim, init_std=init_std))
-        self._ghost_plans: dict[tuple, GhostPlan] = {}
         self.val_auc, self.test_auc = BinaryAUROC(), BinaryAUROC()
         #: The paper's nominal claim for this run (set by :class:`~lightning_dprel.methods.advsgm.paper.PaperStop`).
         self.paper_claim: dict[str, Any] = {}
@@ -165,12 +164,7 @@ class DPSkipGramModule(PrivateModule):
     # --- per-tuple gradients -------------------------------------------------------------------------
     def per_tuple(self, batch: TupleBatch, head: Any, args: tuple[Tensor, ...]) -> PerTupleResult:
         """Per-tuple norms and clipped sums of ``head`` over the batch: ghost clipping on the two tables (exact), or vmap."""
-        inputs, params = tuple_inputs(batch), trainable_parameters(self.encoder)
-        hp = self.hparams
-        if hp.per_tuple_mode == "vmap":
-            return per_tuple_grads(self.encoder, inputs, head, args, chunk_size=hp.chunk_size)
-        plan = self._ghost_plans.setdefault((tuple(params), self.encoder.training), ghost_plan(self.encoder, params))
-        return ghost_grads(self.encoder, inputs, head, args, params=params, chunk_size=hp.chunk_size, plan=plan)
+        return self.grad_sampler.tuples(self.encoder, tuple_inputs(batch), head, args)
 
     def _keyed_normal(self, batch: TupleBatch, what: str, shape: tuple[int, ...], std: float = 1.0) -> Tensor:
         """Randomness of the adversary (not the privacy noise): a child of the keyed noise stream per step."""

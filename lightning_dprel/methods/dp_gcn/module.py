@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-import torch
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
@@ -26,7 +26,8 @@ from torchmetrics.functional.classification import multiclass_accuracy, multicla
 from lightning_dprel.core.batch import ExampleBatch
 from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch
 from lightning_dprel.encoders import build_encoder, encoder_spec
-from lightning_dprel.grad_sample.per_tuple import trainable_parameters
+from lightning_dprel.grad_sample.base import MaterializedGrads, trainable_parameters
+from lightning_dprel.grad_sample.dispatch import GradSampler
 from lightning_dprel.core.private_module import PrivateModule
 
 __all__ = ["DPNodeModule"]
@@ -70,6 +71,7 @@ class DPNodeModule(PrivateModule):
         if spec is not None:
             self.hparams["encoder"] = spec
             self._hparams_initial = copy.deepcopy(self._hparams)
+        self.grad_sampler = GradSampler()  # grad_sample's one entry point (here: one backward per subgraph)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.encoder(x, edge_index)
@@ -77,22 +79,17 @@ class DPNodeModule(PrivateModule):
     def configure_optimizers(self):
         return self.build_dp_optimizer(trainable_parameters(self.encoder))
 
-    def per_example(self, batch: ExampleBatch) -> dict[str, Tensor]:
+    def example_loss(self, x: Tensor, edge_index: Tensor, y: Tensor, mask: Tensor) -> Tensor | None:
+        """One example's loss: the mean cross-entropy of its masked nodes on its own graph (None: no node to fit)."""
+        x, edge_index, y, mask = (t.to(self.device) for t in (x, edge_index, y, mask))
+        if not bool(mask.any()):
+            return None
+        return F.cross_entropy(self.encoder(x, edge_index)[mask], y[mask])
+
+    def per_example(self, batch: ExampleBatch) -> MaterializedGrads:
         """Each example's gradient of its nodes' mean cross-entropy (its own forward pass): name → ``[B, *shape]``."""
-        params = trainable_parameters(self.encoder)
-        names, tensors = list(params), list(params.values())
-        rows: list[tuple[Tensor, ...]] = []
-        for x, edge_index, y, mask in batch.examples:
-            x, edge_index, y, mask = (t.to(self.device) for t in (x, edge_index, y, mask))
-            if not bool(mask.any()):
-                rows.append(tuple(torch.zeros_like(p) for p in tensors))
-                continue
-            loss = F.cross_entropy(self.encoder(x, edge_index)[mask], y[mask])
-            grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-            rows.append(tuple(torch.zeros_like(p) if g is None else g.detach() for g, p in zip(grads, tensors)))
-        if not rows:
-            return {n: p.new_zeros((0,) + tuple(p.shape)) for n, p in params.items()}
-        return {n: torch.stack([r[i] for r in rows]) for i, n in enumerate(names)}
+        losses = (self.example_loss(*example) for example in batch.examples)  # one example's graph alive at a time
+        return self.grad_sampler.loop(trainable_parameters(self.encoder), losses).grads
 
     def training_step(self, batch: ExampleBatch, batch_idx: int) -> None:
         if not isinstance(batch, ExampleBatch):

@@ -24,7 +24,8 @@ from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import SamplingSpec
-from lightning_dprel.grad_sample.base import trainable_parameters
+from lightning_dprel.grad_sample.base import MaterializedGrads, trainable_parameters
+from lightning_dprel.grad_sample.dispatch import GradSampler
 from lightning_dprel.methods.dp_gpl.accounting import LABELLED_NODE
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch
@@ -140,6 +141,7 @@ class DPPromptTuning(PrivateModule):
                             noise_multiplier=noise_multiplier, noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=False)
         self.save_hyperparameters(ignore=["encoder"])
         self.cfg = TuningConfig(prompt, 0, lr, num_basis)
+        self.grad_sampler = GradSampler()  # grad_sample's one entry point (here: stacked copies, one backward)
         self.model: PromptedModel | None = None
         self.num_classes: int | None = None
         if encoder is not None:
@@ -178,18 +180,15 @@ class DPPromptTuning(PrivateModule):
         return self.model(x, examples)
 
     # --- DP-SGD -----------------------------------------------------------------------------------------
-    def per_example(self, x: Tensor, examples: EgoBatch, labels: Tensor) -> dict[str, Tensor]:
+    def per_example(self, x: Tensor, examples: EgoBatch, labels: Tensor) -> MaterializedGrads:
         """name → ``[B, *shape]``: each example's gradient of its cross-entropy, from B stacked copies of the shared
         prompt and head (copy b used by example b only), one forward and one backward."""
-        shared = trainable_parameters(self.model)
-        B = examples.size
-        if B == 0:
-            return {n: p.new_zeros((0,) + tuple(p.shape)) for n, p in shared.items()}
-        copies = {n: p.detach().expand(B, *p.shape[1:]).clone().requires_grad_(True) for n, p in shared.items()}
-        logits = functional_call(self.model, copies, (x, examples, torch.arange(B, device=labels.device)))
-        loss = F.cross_entropy(logits, labels, reduction="sum")  # Σ_b ℓ_b: d/d copy_b = ∇ℓ_b
-        grads = torch.autograd.grad(loss, list(copies.values()))
-        return {n: g.detach().unsqueeze(1) for n, g in zip(copies, grads)}  # [B, 1, ...]: the shared shape [1, ...]
+        owner = torch.arange(examples.size, device=labels.device)  # example b → copy b
+
+        def losses_of(copies: dict[str, Tensor]) -> Tensor:
+            return F.cross_entropy(functional_call(self.model, copies, (x, examples, owner)), labels, reduction="none")
+
+        return self.grad_sampler.stacked(trainable_parameters(self.model), losses_of, examples.size).grads
 
     def _features(self) -> Tensor:
         """The datamodule's x on this module's device and dtype, converted once (not on every step)."""

@@ -1,7 +1,7 @@
 """The private relational LightningModule: per-tuple gradients → DP optimizer hook (Algorithm 3).
 
 Training (manual optimization): encoder f_Θ → embeddings → scores → per-tuple loss; per-tuple
-gradients with torch.func (:mod:`lightning_dprel.grad_sample.per_tuple`); then :class:`~lightning_dprel.core.optim.DPOptimizer`
+gradients from :class:`~lightning_dprel.grad_sample.dispatch.GradSampler` (ghost clipping where exact, else vmap); then :class:`~lightning_dprel.core.optim.DPOptimizer`
 clips (FREQ-CLIP or standard), sums, all-reduces, adds N(0, σ²C²I) once, divides by the expected batch
 size b and steps Adam. ``clipping="none"`` with ``noise_multiplier=0`` is the non-private baseline
 through the same code path. Evaluation ranks each test relation's target among candidates
@@ -28,14 +28,12 @@ from lightning_dprel.methods.relational.inference import EmbedAndRank
 from lightning_dprel.methods.relational.losses import check_loss_options, tuple_loss
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.private_module import PrivateModule, refuse_unsafe_trainer_settings
-from lightning_dprel.grad_sample.ghost import GhostPlan, GhostUnsupported, ghost_grads, ghost_plan
-from lightning_dprel.grad_sample.memory import auto_chunk_size
-from lightning_dprel.grad_sample.per_tuple import PerTupleResult, per_tuple_grads, trainable_parameters
+from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
+from lightning_dprel.grad_sample.dispatch import GradSampler
 from lightning_dprel.datamodules.edge_tuples.batch import tuple_inputs
 from lightning_dprel.methods.relational.ranking import target_ranks
 
 __all__ = ["DPRelationalModule", "target_ranks", "refuse_unsafe_trainer_settings"]
-_PER_TUPLE_MODES = ("auto", "ghost", "vmap")
 
 
 class DPRelationalModule(EmbedAndRank, PrivateModule):
@@ -95,13 +93,13 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
             allow_untracked: a private module refuses to train without a privacy callback in the trainer (one
                 whose ``charges_privacy_ledger`` is True, e.g. :class:`callbacks.PrivacyCallback`). True lets it
                 train anyway: every step is still recorded in :attr:`privacy_ledger`, with a warning.
-            per_tuple_mode: how per-tuple norms and clipped sums are formed: ``"auto"`` (default: ghost clipping where it is
-                exact, :attr:`~lightning_dprel.grad_sample.ghost.GhostPlan.exact`: a declared slot-wise encoder, every trainable
-                parameter covered, run-time checks passed; else vmap), ``"ghost"`` (ghost clipping + book-keeping, vmap only for
-                the parameters of layers it does not cover; :mod:`lightning_dprel.grad_sample.ghost`) or ``"vmap"`` (every tuple's
-                gradient formed with torch.func; :mod:`lightning_dprel.grad_sample.per_tuple`). All give the same clipped sums.
-            chunk_size: tuples per forward/backward chunk: ``"auto"`` (default: from the free memory,
-                :func:`lightning_dprel.grad_sample.memory.auto_chunk_size`), an int, or None (the whole slice at once).
+            per_tuple_mode: how per-tuple norms and clipped sums are formed (:class:`~lightning_dprel.grad_sample.dispatch.GradSampler`):
+                ``"auto"`` (default: ghost clipping where it is exact: a declared slot-wise encoder, every trainable parameter
+                covered, run-time checks passed; else vmap), ``"ghost"`` (ghost clipping + book-keeping, vmap only for the
+                parameters of layers it does not cover) or ``"vmap"`` (every tuple's gradient formed with torch.func). All
+                give the same clipped sums.
+            chunk_size: tuples per forward/backward chunk: ``"auto"`` (default: from the free memory), an int, or None
+                (the whole slice at once).
             vmap_chunk_size: deprecated alias of ``chunk_size``.
             optimizer: the wrapped optimizer, ``"adam"`` (default), ``"adamw"`` or ``"sgd"``.
             momentum: momentum of ``optimizer="sgd"`` (ignored by Adam).
@@ -127,10 +125,8 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
                 raise ValueError(f"`vmap_chunk_size` must be a positive int or None, got {vmap_chunk_size!r}.")
             rank_zero_warn("DPRelationalModule(vmap_chunk_size=...) is deprecated: use chunk_size=.", category=DeprecationWarning)
             chunk_size = vmap_chunk_size
-        if not (chunk_size is None or chunk_size == "auto" or (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1)):
-            raise ValueError(f"`chunk_size` must be 'auto', a positive int or None, got {chunk_size!r}.")
-        if per_tuple_mode not in _PER_TUPLE_MODES:
-            raise ValueError(f"`per_tuple_mode` must be one of {_PER_TUPLE_MODES}, got {per_tuple_mode!r}.")
+        #: Per-tuple norms and clipped sums (grad_sample's one entry point: ghost where exact, else vmap; the chunk rule).
+        self.grad_sampler = GradSampler(per_tuple_mode, chunk_size)
         self.encoder = encoder
         if not isinstance(log_train_metrics, bool):
             raise TypeError(f"`log_train_metrics` must be a bool, got {type(log_train_metrics).__name__}.")
@@ -151,7 +147,6 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         if spec is not None:  # what load_from_checkpoint rebuilds the encoder from (its weights are in the state dict)
             self.hparams["encoder"] = spec
             self._hparams_initial = copy.deepcopy(self._hparams)
-        self._ghost_plans: dict[tuple, GhostPlan] = {}
 
     # --- model ---------------------------------------------------------------------------------------
     def forward(self, **node_inputs: Tensor) -> Tensor:
@@ -163,44 +158,16 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         return tuple_loss(h, neg_anchor, score=hp.score, temperature=hp.temperature, loss=hp.loss, margin=hp.margin)
 
     def per_tuple(self, batch: TupleBatch) -> PerTupleResult:
-        """Per-tuple norms / clipped sums and losses of a batch, by ghost clipping or vmap (``per_tuple_mode``)."""
-        inputs, args = tuple_inputs(batch), (batch.neg_anchor.long(),)
-        params = trainable_parameters(self.encoder)
-        hp = self.hparams
-        mode = hp.get("per_tuple_mode", "auto")
-        chunk = self._chunk_size()
-        if self._dp_optimizer is not None and self._dp_optimizer.subspace is not None:
-            mode = "vmap"  # a projected step needs each tuple's gradient as a tensor (core/subspace.py)
-        if mode != "vmap" and params:
-            key = (tuple(params), self.encoder.training)
-            plan = self._ghost_plans.setdefault(key, ghost_plan(self.encoder, params))
-            if mode == "ghost" or plan.exact:
-                size = auto_chunk_size(self.encoder, inputs, params, per_tuple_gradients=bool(plan.fallback)) if chunk == "auto" else chunk
-                try:
-                    return ghost_grads(self.encoder, inputs, self._tuple_head, args, params=params, chunk_size=size, plan=plan)
-                except GhostUnsupported as err:
-                    if mode == "ghost":
-                        raise
-                    plan.reason = str(err)  # auto: a run-time check failed; vmap from now on
-        return per_tuple_grads(self.encoder, inputs, self._tuple_head, args, chunk_size=self._vmap_chunk(inputs, params))
-
-    def _chunk_size(self) -> int | str | None:
-        hp = self.hparams
-        return hp["vmap_chunk_size"] if hp.get("vmap_chunk_size") is not None else hp.get("chunk_size", "auto")
-
-    def _vmap_chunk(self, inputs: dict[str, Tensor], params: list) -> int | None:
-        """The vmap chunk: ``chunk_size`` as given, or sized from free memory for ``"auto"``."""
-        chunk = self._chunk_size()
-        if chunk == "auto":
-            return auto_chunk_size(self.encoder, inputs, params, per_tuple_gradients=True) if params else None
-        return chunk
+        """Per-tuple norms / clipped sums and losses of a batch, from :attr:`grad_sampler` (``per_tuple_mode``)."""
+        projected = self._dp_optimizer is not None and self._dp_optimizer.subspace is not None  # needs tensors (core/subspace.py)
+        return self.grad_sampler.tuples(self.encoder, tuple_inputs(batch), self._tuple_head, (batch.neg_anchor.long(),),
+                                        materialize=projected)
 
     # --- public data (never charged: the batch comes from datamodule.public, not the private stream) ---------------
     def public_tuple_grads(self, batch: TupleBatch) -> dict[str, Tensor]:
         """Per-tuple gradients ``[B, *shape]`` of PUBLIC tuples at the current parameters (for the public subspace)."""
-        inputs = tuple_inputs(batch)
-        chunk = self._vmap_chunk(inputs, trainable_parameters(self.encoder))
-        result = per_tuple_grads(self.encoder, inputs, self._tuple_head, (batch.neg_anchor.long(),), chunk_size=chunk)
+        result = self.grad_sampler.tuples(self.encoder, tuple_inputs(batch), self._tuple_head, (batch.neg_anchor.long(),),
+                                          materialize=True)
         return dict(result.grads)
 
     def public_loss(self, batch: TupleBatch) -> Tensor:
