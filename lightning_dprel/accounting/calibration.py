@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from lightning_dprel.core.checks import positive_finite
 from lightning_dprel.accounting.analysis.binomial import bisect_int
 from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
 from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, check_step_count
@@ -23,12 +24,7 @@ SIGMA_MAX = 1e4
 
 
 def _check_target(target_epsilon: float) -> float:
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float, np.floating, np.integer)):
-        raise TypeError(f"`target_epsilon` must be a float > 0, got {type(target_epsilon).__name__}.")
-    target = float(target_epsilon)
-    if not (target > 0.0) or math.isinf(target):
-        raise ValueError(f"`target_epsilon` must be > 0 and finite, got {target_epsilon}.")
-    return target
+    return positive_finite("target_epsilon", target_epsilon, "e.g. target_epsilon=4.0")
 
 
 def epsilon_for(
