@@ -16,7 +16,8 @@ from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.demos.boring_classes import quiet_trainer, tiny_prompt_dm
 from lightning_dprel.methods.dp_gpl import DPGPLModule
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# Φ is frozen (public, pre-trained) and kept in eval mode on purpose: Lightning's notice about it is expected.
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:Found .* module.* in eval mode")]
 SMALL = dict(hidden_dim=16, pretrain_epochs=3, teacher_epochs=5, threshold=None)
 
 
@@ -60,6 +61,7 @@ def test_untracked_private_dp_gpl_fit_is_refused_before_any_release():
     assert module.answers is None and not module.privacy_ledger.segments
 
 
+@pytest.mark.filterwarnings("ignore:DPGPLModule. private fit without a PrivacyCallback")
 def test_dp_gpl_warns_when_delta_is_not_well_below_one_over_n():
     dm = tiny_prompt_dm()
     module = DPGPLModule(sigma_threshold=40.0, sigma_vote=40.0, delta=0.05, allow_untracked=True, **SMALL)
@@ -82,6 +84,7 @@ def test_export_has_one_path_for_every_method(tmp_path):
     assert privacy["epsilon"] == pytest.approx(module.epsilon()) and math.isfinite(privacy["epsilon"])
 
 
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # the resumed run saves beside the first
 def test_a_calibrated_resumed_checkpoint_stores_sigma_once(tmp_path):
     from lightning_dprel.demos.boring_classes import tiny_relational_dm
     from lightning_dprel.encoders import MLPEncoder
@@ -94,7 +97,7 @@ def test_a_calibrated_resumed_checkpoint_stores_sigma_once(tmp_path):
         saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
         trainer = pl.Trainer(max_steps=4, logger=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, limit_val_batches=0,
-                             callbacks=[PrivacyCallback(target_epsilon=8.0, calibrate=True), saver])
+                             callbacks=[PrivacyCallback(target_epsilon=8.0, delta=1e-4, calibrate=True), saver])
         trainer.fit(module, tiny_relational_dm(), ckpt_path=ckpt)
         return module, trainer
 

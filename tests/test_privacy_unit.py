@@ -58,7 +58,7 @@ def test_relational_module_with_a_subgraph_mechanism_is_refused_before_the_first
 def test_untracked_fit_checks_the_unit_too():
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard",
                                 accounting="subgraph_replace", noise_multiplier=1.0, noise_seed=0, allow_untracked=True)
-    with pytest.raises(ValueError, match=r"Privacy unit mismatch.*'subgraph_replace'"):
+    with pytest.raises(ValueError, match=r"Privacy unit mismatch.*'subgraph_replace'"), pytest.warns(UserWarning, match="allow_untracked=True"):
         quiet_trainer(max_steps=30).fit(module, datamodule=_relational_dm())
     assert module.privacy_ledger.steps == 0
 
