@@ -121,16 +121,21 @@ class PrivateModule(LedgerModule):
         self._dp_optimizer, self._noise_spec = dp, None  # the optimizer holds σ and C from now on
         return dp
 
-    def private_step(self, grads: Mapping[str, Tensor] | TupleGradients, *, max_freq: Tensor | None,
+    def private_step(self, grads: Mapping[str, Tensor] | TupleGradients, *, max_freq: Tensor | None, batch: Any = None,
                      expected_batch_size: float | None = None) -> DPOptimizer:
-        """Hand this step's per-example gradients to the DP optimizer and step it (clip → sum → noise → ÷ b → step);
-        b is the fit's SamplingSpec's (the one the ledger opened), else ``expected_batch_size``."""
+        """Hand this step's per-example gradients to the DP optimizer and step it (clip → sum → noise → ÷ b → step).
+
+        b is the SamplingSpec's the ledger opened for this fit (its one home); only an untracked fit without one (whose
+        steps the ledger already counts as unaccounted, ε = ∞) takes the batch's."""
         opt = self.optimizers()
         dp: DPOptimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
         sampling = self.privacy_ledger.sampling
-        b = sampling.expected_batch_size if sampling is not None else expected_batch_size
+        if sampling is not None:
+            b = sampling.expected_batch_size
+        else:
+            b = expected_batch_size if expected_batch_size is not None else getattr(batch, "expected_batch_size", None)
         if b is None:
-            raise ValueError("private_step needs b: no SamplingSpec is open for this fit; pass expected_batch_size.")
+            raise ValueError("private_step needs b: no SamplingSpec is open for this fit; pass the batch.")
         dp.record(grads, max_freq=max_freq, expected_batch_size=b)
         opt.step()
         return dp

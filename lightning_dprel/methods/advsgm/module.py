@@ -186,7 +186,7 @@ class DPSkipGramModule(PrivateModule):
             ids = batch.pos.long().to(self.device)
             args = (anchor, self.generator.fakes(ids, self._keyed_normal(batch, "fakes", (batch.size, 2, r))))
         result = self.per_tuple(batch, partial(_provable_head, adversarial=float(hp.adversarial)), args)
-        self.private_step(result.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
+        self.private_step(result.grads, max_freq=batch.max_freq, batch=batch)
         if hp.adversarial > 0:
             self._fit_generator_released(batch)
 
@@ -206,7 +206,7 @@ class DPSkipGramModule(PrivateModule):
         xi = self._keyed_normal(batch, "xi", (batch.size, 2, r), std=float(hp.clip_norm) * float(hp.paper_sigma))
         for head, args in ((_paper_positive_head, (anchor, fakes, xi)), (_paper_negative_head, (anchor,))):
             result = self.per_tuple(batch, head, args)
-            self.private_step(result.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
+            self.private_step(result.grads, max_freq=batch.max_freq, batch=batch)
         if (batch.step + 1) % int(hp.paper_rounds) == 0:  # end of an epoch's n_D rounds: n_G generator steps on E
             for _ in range(int(hp.paper_generator_steps)):
                 self.generator.fit_edges(self.node_vectors, self.context_vectors, ids)

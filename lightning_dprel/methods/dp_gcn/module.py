@@ -94,7 +94,7 @@ class DPNodeModule(PrivateModule):
     def training_step(self, batch: ExampleBatch, batch_idx: int) -> None:
         if not isinstance(batch, ExampleBatch):
             raise TypeError(f"training_step expects an ExampleBatch (from NodeSplitDataModule), got {type(batch).__name__}.")
-        self.private_step(self.per_example(batch), max_freq=None, expected_batch_size=batch.expected_batch_size)
+        self.private_step(self.per_example(batch), max_freq=None, batch=batch)
 
     def _evaluate(self, batch: NodeEvalBatch, prefix: str) -> dict[str, float]:
         logits = self.encoder(batch.x.to(self.device), batch.edge_index.to(self.device))

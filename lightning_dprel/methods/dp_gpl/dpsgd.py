@@ -203,7 +203,7 @@ class DPPromptTuning(PrivateModule):
             raise TypeError(f"training_step expects an ExampleBatch (from PrivateNodeExamples), got {type(batch).__name__}.")
         x = self._features()
         grads = self.per_example(x, batch.examples, batch.labels.to(self.device))
-        self.private_step(grads, max_freq=None, expected_batch_size=batch.expected_batch_size)
+        self.private_step(grads, max_freq=None, batch=batch)
 
     def _accuracy(self, batch, name: str) -> float:
         examples, labels = batch

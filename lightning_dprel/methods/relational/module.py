@@ -195,7 +195,7 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
         if not isinstance(batch, TupleBatch):
             raise TypeError(f"training_step expects a TupleBatch, got {type(batch).__name__}.")
         result = self.per_tuple(batch)
-        dp = self.private_step(result.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
+        dp = self.private_step(result.grads, max_freq=batch.max_freq, batch=batch)
         if not self.hparams.get("log_train_metrics", False):
             return  # nothing computed from the private batch leaves the step un-noised
         totals = torch.stack([result.losses.sum().to(torch.float64), torch.tensor(float(result.size), dtype=torch.float64, device=result.losses.device)])
