@@ -23,18 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int  # the one int check (re-exported for the audit modules)
 from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "check_int", "secret_coins"]
 
 DESIGNS = ("dirac", "freq_adversarial")
-
-
-def check_int(name: str, value: object, low: int) -> int:
-    """``value`` if it is an int >= ``low``, else a ValueError naming ``name`` (the audit's one size check)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
-    return value
 
 
 def secret_coins(m: int, *, stream: KeyedStream | None = None) -> Tensor:

@@ -49,9 +49,7 @@ def resolve_delta(delta: float | None, unit: Any, units: int, *, num_edges: int 
                   who: str = "PrivacyCallback: ") -> float:
     """δ, by default for entities the paper's 1/m (capped relations), for other units 1/(10·n); warns unless δ is well
     below 1/n (n·δ > 1/2: one of the n units could be released outright with probability about n·δ)."""
-    from lightning_dprel.core.specs import privacy_unit
-
-    unit, n = privacy_unit(unit), int(units)
+    n = int(units)  # ``unit``: a PrivacyUnit (its name and what it counts); core.specs imports this module
     if delta is None:
         delta = 1.0 / num_edges if unit.name == "entity" and num_edges else 1.0 / (10 * n)
     delta = check_delta(delta)

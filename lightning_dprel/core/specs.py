@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_dprel.core.checks import check_int as _check_int
 from lightning_dprel.core.discovery import MethodRegistry
 
 __all__ = [
@@ -92,13 +93,6 @@ register_privacy_unit(EXAMPLE)
 
 CLIPPING_MODES = ("freq", "standard", "none")
 ACCOUNTING_MODES = ("corrected", "paper")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r}).")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from lightning_dprel.accounting.analysis.pate import rho_for_epsilon
 from lightning_dprel.core.checks import resolve_delta
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.ledger_module import LedgerModule
+from lightning_dprel.core.specs import privacy_unit
 from lightning_dprel.methods.dp_gpl.aggregation import Answers, confident_gnmax, gnmax, pate_releases, vote_histogram
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.pretrain import GraphEncoder, pretrain
@@ -129,7 +130,7 @@ class DPGPLModule(LedgerModule):
         self._build(dm.num_features, dm.num_classes, dm.hops)
         pretrain(self.encoder, *dm.public_graph(), method=hp.pretraining, epochs=hp.pretrain_epochs, lr=hp.pretrain_lr, seed=hp.seed)
         self.view = dm.view
-        resolve_delta(hp.delta, dm.privacy_unit, dm.num_private_units, warn=True, who=f"{type(self).__name__}: ")
+        resolve_delta(hp.delta, privacy_unit(dm.privacy_unit), dm.num_private_units, warn=True, who=f"{type(self).__name__}: ")
 
     # --- checkpoints and export: the student, Φ (public), the released answers and the ledger -------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
