@@ -174,6 +174,7 @@ class PrivacyCallback(Callback):
             return
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)
+        pl_module.charge_data_releases(trainer.datamodule)  # what was released on the data already counts
         self.delta = release_delta(pl_module, self.delta, unit, units, warn="delta" not in self._warned)
         self._warned.add("delta")
         if self.calibrate:

@@ -284,6 +284,7 @@ class PrivacyLedger:
                                     raw["clipping"], int(raw["steps"]), int(raw.get("releases", 1)), unit))
         self._segments = segments
         self._release_ids = set(state.get("data_releases", ()))
+        self._checked = None  # the loaded releases are checked anew against the next record
         self._cache.clear()
         self._sample, self._sample_records = None, []
 

@@ -13,6 +13,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
@@ -125,15 +126,18 @@ class PrivateModule(LedgerModule):
                      expected_batch_size: float | None = None) -> DPOptimizer:
         """Hand this step's per-example gradients to the DP optimizer and step it (clip → sum → noise → ÷ b → step).
 
-        b is the SamplingSpec's the ledger opened for this fit (its one home); only an untracked fit without one (whose
-        steps the ledger already counts as unaccounted, ε = ∞) takes the batch's."""
+        b is the SamplingSpec's the ledger opened for this fit (its one home); the batch's b must equal it (a batch drawn
+        at another rate is refused); only an untracked fit without a spec (ε = ∞ in the ledger) divides by the batch's."""
         opt = self.optimizers()
         dp: DPOptimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
         sampling = self.privacy_ledger.sampling
-        if sampling is not None:
-            b = sampling.expected_batch_size
-        else:
-            b = expected_batch_size if expected_batch_size is not None else getattr(batch, "expected_batch_size", None)
+        drawn = expected_batch_size if expected_batch_size is not None else getattr(batch, "expected_batch_size", None)
+        if sampling is not None and drawn is not None and not math.isclose(float(drawn), sampling.expected_batch_size, rel_tol=1e-9):
+            raise RuntimeError(
+                f"The batch was drawn at b = {drawn}, the SamplingSpec the fit is accounted with says "
+                f"b = {sampling.expected_batch_size}; batches and accounting must come from the same sampling."
+            )
+        b = sampling.expected_batch_size if sampling is not None else drawn
         if b is None:
             raise ValueError("private_step needs b: no SamplingSpec is open for this fit; pass the batch.")
         dp.record(grads, max_freq=max_freq, expected_batch_size=b)

@@ -138,7 +138,8 @@ class DPGPLModule(LedgerModule):
         answers = None if self.answers is None else {"answered": self.answers.answered, "labels": self.answers.labels}
         if answers is not None:
             answers["queries"] = self.query_ids
-        checkpoint["lightning_dprel"].update(answers=answers, dims=self.dims, view=self.view, query_groups=self.query_groups)
+        checkpoint["lightning_dprel"].update(answers=answers, dims=self.dims, view=self.view, query_groups=self.query_groups,
+                                             calibration=self._calibration)  # the (ε, δ) the votes' σ was solved for
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["lightning_dprel"]
@@ -148,6 +149,7 @@ class DPGPLModule(LedgerModule):
             self.answers = Answers(state["answers"]["answered"], state["answers"]["labels"])
             self.query_ids = state["answers"].get("queries")
         self.view, self.query_groups = state["view"], state.get("query_groups")
+        self._calibration = tuple(state["calibration"]) if state.get("calibration") else None
 
     def released_weights(self) -> dict[str, torch.Tensor]:
         """The student prompt and head with Φ; no teacher, vote or key leaves the run."""
@@ -212,6 +214,7 @@ class DPGPLModule(LedgerModule):
     def on_fit_start(self) -> None:
         super().on_fit_start()  # refuses an untracked private fit before any release
         dm = self.trainer.datamodule
+        self.charge_data_releases(dm)  # releases already made on this data (the privacy callback charged them first)
         if self.answers is None:  # the queries are answered once per model: a second fit never re-queries
             votes = self.vote(dm)
             if dm.query_groups is not None:
@@ -282,7 +285,8 @@ class DPGPLModule(LedgerModule):
     def privacy_details(self) -> dict[str, Any]:
         """privacy.json's PATE fields: what was released (answered labels), σ₁, σ₂, T and the view."""
         s1, s2 = self.sigmas
-        return {"mechanism": f"{self._mechanism}, data-independent", "query_groups": self.query_groups,
+        return {"mechanism": f"{self._mechanism}, data-independent", "privacy_unit": str(privacy_unit(PromptDataModule.privacy_unit)),
+                "query_groups": self.query_groups,
                 "queries": int(self.answers.answered.numel()) if self.answers is not None else 0,
                 "answered": self.answers.num_answered if self.answers is not None else 0,
                 "sigma_threshold": s1, "sigma_vote": s2, "threshold": self.hparams.threshold, "view": self.view,
