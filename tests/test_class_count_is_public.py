@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from lightning_dprel.demos import node_removed
 from lightning_dprel.datamodules.datasets import SyntheticNodes
 from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
@@ -38,20 +39,9 @@ def _graph_with_a_lone_top_class() -> tuple[Data, int]:
     return data, v
 
 
-def _without(data: Data, v: int) -> Data:
-    """The neighbouring graph: node v and its edges removed, every other node's id kept."""
-    keep = torch.ones(data.num_nodes, dtype=torch.bool)
-    keep[v] = False
-    new = torch.full((data.num_nodes,), -1, dtype=torch.long)
-    new[keep] = torch.arange(int(keep.sum()))
-    ei = data.edge_index[:, keep[data.edge_index[0]] & keep[data.edge_index[1]]]
-    return Data(x=data.x[keep], y=data.y[keep], edge_index=new[ei], train_mask=data.train_mask[keep],
-                val_mask=data.val_mask[keep], test_mask=data.test_mask[keep], node_id=data.node_id[keep])
-
-
 def test_the_class_count_is_never_read_from_the_labels():
     data, v = _graph_with_a_lone_top_class()
-    for graph in (data, _without(data, v)):  # y.max() + 1 would be 4, then 3
+    for graph in (data, node_removed(data, v)):  # y.max() + 1 would be 4, then 3
         with pytest.raises(ValueError, match="num_classes"):
             InMemoryNodes(graph).load()
 
@@ -59,7 +49,7 @@ def test_the_class_count_is_never_read_from_the_labels():
 def test_neighbouring_graphs_get_the_same_class_count():
     data, v = _graph_with_a_lone_top_class()
     counts = set()
-    for graph in (data, _without(data, v)):
+    for graph in (data, node_removed(data, v)):
         assert int(InMemoryNodes(graph, num_classes=CLASSES).load().num_classes) == CLASSES
         gcn = NodeSplitDataModule(InMemoryNodes(graph, num_classes=CLASSES), num_splits=10, sampling_seed=3)
         counts |= {gcn.num_classes, _gpl(InMemoryNodes(graph, num_classes=CLASSES)).num_classes}
@@ -72,7 +62,7 @@ def test_removing_the_lone_top_class_node_moves_at_most_its_own_teachers_votes()
     dm = _gpl(InMemoryNodes(data, num_classes=CLASSES))
     encoder = pretrain(GraphEncoder(dm.num_features, 16), *dm.public_graph(), epochs=5)
     votes = []
-    for graph in (data, _without(data, v)):
+    for graph in (data, node_removed(data, v)):
         d = _gpl(InMemoryNodes(graph, num_classes=CLASSES))
         examples, labels, teacher = d.teacher_examples()
         votes.append(train_teachers_and_vote(encoder, d.data.x, examples, labels, teacher, d.query_examples(),

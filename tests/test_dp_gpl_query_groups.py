@@ -100,7 +100,9 @@ def test_an_answered_group_labels_every_public_training_node_of_its_cluster():
 
 # ----------------------------------------------------------------------------- sensitivity, by brute force
 def test_removing_a_private_node_moves_at_most_its_own_teachers_group_votes():
-    from test_dp_gpl_sensitivity import _votes, _without
+    from test_dp_gpl_sensitivity import _votes
+
+    from lightning_dprel.demos import node_removed
 
     data = SyntheticNodes(160, 3, dim=8, avg_degree=8.0, homophily=0.7, feature_noise=1.5, seed=4).load()
     dm, encoder, base = _votes(data, "public")
@@ -110,7 +112,7 @@ def test_removing_a_private_node_moves_at_most_its_own_teachers_group_votes():
     base_g = group_votes(base, dm_g.query_group, groups, 3)
     moved_any = False
     for v in dm.private.nonzero().view(-1)[:12].tolist():
-        _, _, votes = _votes(_without(data, v), "public", encoder)
+        _, _, votes = _votes(node_removed(data, v), "public", encoder)
         after = group_votes(votes, dm_g.query_group, groups, 3)  # the clusters are public: unchanged by v
         moved = {i for i in range(6) if not torch.equal(after[i], base_g[i])}
         moved_any |= bool(moved)

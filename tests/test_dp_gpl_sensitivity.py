@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from lightning_dprel.demos import node_removed
 from lightning_dprel.datamodules.datasets import SyntheticNodes
 from lightning_dprel.datamodules.datasets.nodes import InMemoryNodes
 from lightning_dprel.methods.dp_gpl import GraphEncoder, PromptDataModule, TuningConfig, pretrain, train_teachers_and_vote
@@ -15,16 +16,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*public seed.*:UserWarning"), 
 
 TEACHERS, QUERIES = 6, 12
 CFG = TuningConfig("gpf_plus", epochs=15, lr=0.05)
-
-
-def _without(data: Data, v: int) -> Data:
-    keep = torch.ones(data.num_nodes, dtype=torch.bool)
-    keep[v] = False
-    new = torch.full((data.num_nodes,), -1, dtype=torch.long)
-    new[keep] = torch.arange(int(keep.sum()))
-    ei = data.edge_index[:, keep[data.edge_index[0]] & keep[data.edge_index[1]]]
-    return Data(x=data.x[keep], y=data.y[keep], edge_index=new[ei], train_mask=data.train_mask[keep],
-                val_mask=data.val_mask[keep], test_mask=data.test_mask[keep], node_id=data.node_id[keep], num_classes=data.num_classes)
 
 
 def _votes(data: Data, view: str, encoder=None):
@@ -44,7 +35,7 @@ def _teachers_moved(view: str, count: int) -> list[tuple[int, set[int], int]]:
     private = dm.private.nonzero().view(-1)[:count].tolist()
     out = []
     for v in private:
-        _, _, votes = _votes(_without(data, v), view, encoder)
+        _, _, votes = _votes(node_removed(data, v), view, encoder)
         moved = {i for i in range(TEACHERS) if not torch.equal(votes[i], base[i])}
         out.append((v, moved, int(dm.teacher[v])))
     return out

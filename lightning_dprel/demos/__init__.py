@@ -11,7 +11,7 @@ from __future__ import annotations
 from lightning_dprel.datamodules.datasets.generators import random_feature_graph, random_text_graph
 from lightning_dprel.pretrained import WORDS, resolve_pretrained, save_tiny_bert
 
-__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained", "wordnet_noun_line", "obo_file"]
+__all__ = ["WORDS", "random_text_graph", "random_feature_graph", "save_tiny_bert", "resolve_pretrained", "wordnet_noun_line", "obo_file", "node_removed"]
 
 
 def wordnet_noun_line(offset: str, lex: int, words: list[str], ptrs: list[tuple[str, str]], gloss: str) -> str:
@@ -26,3 +26,19 @@ def obo_file(terms: list[tuple[str, str, list[str]]], tail: str = "") -> str:
     ['def: "A sound." []', "is_a: HP:0000100"])``; ``tail`` follows the terms (a ``[Typedef]`` stanza)."""
     blocks = ["[Term]\n" + "\n".join([f"id: {i}", f"name: {n}", *lines]) + "\n" for i, n, lines in terms]
     return "format-version: 1.2\n\n" + "\n".join(blocks) + (f"\n{tail}" if tail else "")
+
+
+def node_removed(data, v: int):
+    """The node-level neighbour of a labelled graph: node ``v`` and its edges removed, every other node's ``node_id``,
+    masks and features kept (and ``num_classes``, when the graph states it)."""
+    import torch
+    from torch_geometric.data import Data
+
+    keep = torch.ones(data.num_nodes, dtype=torch.bool)
+    keep[v] = False
+    new = torch.full((data.num_nodes,), -1, dtype=torch.long)
+    new[keep] = torch.arange(int(keep.sum()))
+    ei = data.edge_index[:, keep[data.edge_index[0]] & keep[data.edge_index[1]]]
+    extra = {"num_classes": data.num_classes} if "num_classes" in data else {}
+    return Data(x=data.x[keep], y=data.y[keep], edge_index=new[ei], train_mask=data.train_mask[keep],
+                val_mask=data.val_mask[keep], test_mask=data.test_mask[keep], node_id=data.node_id[keep], **extra)
