@@ -118,3 +118,26 @@ def test_a_calibrated_resumed_checkpoint_stores_sigma_once(tmp_path):
 
     found = places({k: v for k, v in checkpoint.items() if k != "state_dict"})
     assert found == ["/optimizer_states/0/noise_spec/noise_multiplier"], found
+
+
+def test_a_subclass_that_answers_without_charging_is_refused_before_training():
+    class Uncharged(DPGPLModule):
+        def charge(self, event):  # answers the queries but drops every charge
+            pass
+
+    module = Uncharged(sigma_threshold=40.0, sigma_vote=40.0, **SMALL)
+    with pytest.raises(RuntimeError, match="releases were made without being charged"):
+        quiet_trainer([PrivacyCallback(delta=1e-5)], max_epochs=1).fit(module, tiny_prompt_dm())
+    assert module.global_step == 0  # the student never trained on the uncharged answers
+
+
+def test_planned_releases_for_another_unit_are_refused():
+    from lightning_dprel.core.events import GaussianRelease
+
+    class OtherUnit(DPGPLModule):
+        def planned_releases(self):
+            return [GaussianRelease(40.0, "entity")] if self.answers is None else []
+
+    with pytest.raises(ValueError, match="unit"):
+        quiet_trainer([PrivacyCallback(delta=1e-5)], max_epochs=1).fit(OtherUnit(sigma_threshold=40.0, sigma_vote=40.0, **SMALL),
+                                                                      tiny_prompt_dm())

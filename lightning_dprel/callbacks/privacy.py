@@ -30,7 +30,7 @@ from lightning_dprel.callbacks.checks import (
     check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
 )
 from lightning_dprel.core.checks import positive_finite
-from lightning_dprel.callbacks.releases import check_planned_releases, release_delta, release_unit_of
+from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -179,12 +179,13 @@ class PrivacyCallback(Callback):
         self._warned.add("delta")
         if self.calibrate:
             pl_module.calibrate_releases(self.target_epsilon, self.delta)
-        check_planned_releases(pl_module, planner(), unit, self._ledger, delta=self.delta, target=self.target_epsilon)
+        self._planned_epsilon = check_planned_releases(pl_module, planner(), unit, self._ledger, delta=self.delta,
+                                                       target=self.target_epsilon)
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if getattr(pl_module, "planned_releases", lambda: None)() is not None:  # releases, no optimizer steps
-            self._ledger = ledger_of(pl_module)
+            check_releases_charged(pl_module, self._ledger, delta=self.delta, planned=self._planned_epsilon)
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
         sampling, noise = self._read_facts(trainer, pl_module)

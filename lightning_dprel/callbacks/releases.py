@@ -11,7 +11,7 @@ from lightning_dprel.accounting.mechanisms import check_unit
 from lightning_dprel.core.checks import resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
 
-__all__ = ["release_unit_of", "release_delta", "check_planned_releases"]
+__all__ = ["release_unit_of", "release_delta", "check_planned_releases", "check_releases_charged"]
 
 
 def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[Any, int]:
@@ -38,8 +38,9 @@ def release_delta(pl_module: "pl.LightningModule", given: Optional[float], unit:
 
 
 def check_planned_releases(pl_module: "pl.LightningModule", planned: list, unit: Any, ledger: PrivacyLedger, *,
-                           delta: float, target: Optional[float]) -> None:
-    """Refuse, before the first release, planned releases for another unit or whose ε would pass ``target``."""
+                           delta: float, target: Optional[float]) -> float:
+    """Refuse, before the first release, planned releases for another unit or whose ε would pass ``target``; returns
+    the ε the ledger must hold once they are made."""
     name = type(pl_module).__name__
     for event in planned:
         check_unit(event.mechanism, unit.name)
@@ -51,4 +52,15 @@ def check_planned_releases(pl_module: "pl.LightningModule", planned: list, unit:
             f"PrivacyCallback: the {sum(e.count for e in planned)} releases {name} plans would spend ε = {after:.6g} at "
             f"δ = {delta:.3g} > target_epsilon = {target} (after ε = {ledger.epsilon(delta):.6g} already spent); refused "
             "before the first release. Raise the noise or the budget, or use calibrate=True."
+        )
+    return after
+
+
+def check_releases_charged(pl_module: "pl.LightningModule", ledger: PrivacyLedger, *, delta: float, planned: float) -> None:
+    """Refuse to train on releases the module made without charging them as it planned (ε below the planned ε)."""
+    spent = ledger.epsilon(delta)
+    if spent < planned * (1.0 - 1e-9):
+        raise RuntimeError(
+            f"{type(pl_module).__name__} planned releases worth ε = {planned:.6g} at δ = {delta:.3g}, but its ledger holds "
+            f"ε = {spent:.6g}: releases were made without being charged. Charge every release with `charge(event)`."
         )
