@@ -8,7 +8,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
-from lightning_dprel.core.checks import refuse_unsafe_trainer_settings
+from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
@@ -32,6 +32,32 @@ def check_trainer(trainer: "pl.Trainer") -> None:
             f"PrivacyCallback refuses `Trainer(overfit_batches={trainer.overfit_batches})`: replaying fixed "
             "batches is not Poisson sampling, so the accounting does not apply. Remove overfit_batches."
         )
+
+
+def check_arguments(target_epsilon: Optional[float], delta: Optional[float], mechanism: Optional[str], calibrate: bool,
+                    sampling_spec: Optional[SamplingSpec]) -> tuple[Optional[float], Optional[float]]:
+    """PrivacyCallback's arguments checked (clear errors); returns (target_epsilon, delta) as floats."""
+    if target_epsilon is not None:
+        target_epsilon = positive_finite("target_epsilon", target_epsilon, "e.g. target_epsilon=4.0")
+    if delta is not None:
+        delta = positive_finite("delta", delta, "e.g. delta=1e-5, or leave it None for 1/m")
+        if delta >= 1.0:
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}. Leave it None for δ = 1/m.")
+    if mechanism is not None and mechanism not in registered_mechanisms():
+        raise ValueError(
+            f"`mechanism` must be one of {registered_mechanisms()} or None (take it from the module's "
+            f"noise_spec), got {mechanism!r}."
+        )
+    if not isinstance(calibrate, bool):
+        raise TypeError(f"`calibrate` must be a bool, got {type(calibrate).__name__} ({calibrate!r}).")
+    if calibrate and target_epsilon is None:
+        raise ValueError("`calibrate=True` chooses σ from the budget and needs `target_epsilon`, got None.")
+    if sampling_spec is not None and not isinstance(sampling_spec, SamplingSpec):
+        raise TypeError(
+            f"`sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec or None, got "
+            f"{type(sampling_spec).__name__}."
+        )
+    return target_epsilon, delta
 
 
 def _fact(pl_module: "pl.LightningModule", name: str, kind: type, what: str, remedy: str) -> Any:
@@ -60,6 +86,10 @@ def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
 def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:
     datamodule = trainer.datamodule
     found = getattr(datamodule, "sampling_spec", None) if datamodule is not None else None
+    if found is None and trainer.train_dataloader is not None:  # a DPDataLoader states its own
+        from lightning_dprel.callbacks.attach import loader_facts
+
+        found = loader_facts(trainer)[0]
     if found is not None and not isinstance(found, SamplingSpec):
         raise TypeError(
             f"`trainer.datamodule.sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec, got "
@@ -75,8 +105,8 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
         where = "no datamodule" if datamodule is None else f"datamodule {type(datamodule).__name__}"
         raise ValueError(
             f"PrivacyCallback needs a SamplingSpec (m, n, K, γ, k, b); the trainer has {where} exposing "
-            "`sampling_spec` after setup. Use RelationalDataModule, add a `sampling_spec` property to your "
-            "datamodule, or pass PrivacyCallback(sampling_spec=...)."
+            "`sampling_spec` after setup. Train on a DPDataLoader (Poisson rows) or a lightning_dprel datamodule, "
+            "or pass PrivacyCallback(sampling_spec=...)."
         )
     return spec
 

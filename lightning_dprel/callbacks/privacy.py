@@ -18,7 +18,7 @@ from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for, registered_mechanisms
+from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for
 from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING, check_accounting_choice, check_module_mechanism, check_unit
 from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
@@ -26,11 +26,12 @@ from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 from lightning_dprel.callbacks.checks import (
-    ACCOUNTING_LABELS, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps,
+    ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps,
     check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
 )
 from lightning_dprel.core.checks import positive_finite
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
+from lightning_dprel.callbacks.attach import close_layer, loader_facts, privacy_layer, saved_ledger_of, watch_updates
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -38,15 +39,15 @@ __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 class PrivacyCallback(Callback):
     r"""Reports (ε, δ) for the data's privacy unit after every release and halts before the budget (Algorithm 3).
 
-    DP-SGD modules: each training batch is one sampled step (r noised releases on it count once at σ/√r), recorded by
-    the module's DP optimizers in ``pl_module.privacy_ledger``; after step t the callback asks
-    :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits and, if not, sets ``trainer.should_stop``
-    (agreed across ranks), so no step beyond the budget runs (``min_epochs``/``min_steps`` would override it and are
-    refused). Models that release without optimizer steps (DP-GPL's answers, :meth:`planned_releases`): calibrated and
-    checked against the budget at fit start, before the first release. The ledger holds every release the model ever
-    made, so refitting, resuming or replacing the callback never restarts ε at 0; a mechanism proven for another unit
-    than the data's is refused. Logged: ``epsilon`` (progress bar, loggers), ``delta`` (loggers), ``noise_multiplier``
-    when calibrated, and a one-line summary at the end of fit (rank zero).
+    Any LightningModule: a lightning_dprel model states its own noise and ledger; any other gets the DP-SGD layer
+    attached for its training loader's unit (``DPDataLoader``: one example), its own optimizer wrapped
+    (``clip_norm``, ``noise_multiplier``). Parameters that move without a charged release stop the fit (ε = ∞).
+
+    Each training batch is one sampled step (r noised releases on it count once at σ/√r); after step t the callback
+    asks :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits and, if not, stops (agreed across
+    ranks). Models that release without optimizer steps (DP-GPL's answers, :meth:`planned_releases`) are calibrated and
+    checked before the first release. The ledger holds every release the model made, so refitting or resuming never
+    restarts ε at 0; a mechanism proven for another unit than the data's is refused. Logs ``epsilon``, ``delta``.
 
     Args:
         target_epsilon: the ε budget; ``None`` only tracks and logs ε.
@@ -61,6 +62,8 @@ class PrivacyCallback(Callback):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for projects without a datamodule
             that exposes one; if both exist they must be equal.
         orders: Rényi orders for the accountant (default: the accountant's).
+        clip_norm: C for a plain LightningModule (required there; a lightning_dprel model has its own).
+        noise_multiplier: σ for a plain LightningModule (default 1.0; ``calibrate=True`` replaces it).
 
     Attributes:
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
@@ -69,12 +72,7 @@ class PrivacyCallback(Callback):
         noise_multiplier: the σ of the last recorded step (or the calibrated σ).
         stopped_step: the private step count at which the budget stopped training, else ``None``.
         summary: the end-of-fit one-line summary.
-        history: ``(private steps, ε)`` after every step of this callback's fits (saved in its state); the
-            ε curve of any plan is :func:`lightning_dprel.accounting.epsilon_curve`.
-
-    Raises:
-        ValueError / TypeError: bad arguments, missing or contradictory facts, unsafe trainer settings, a budget
-            that not even one step fits.
+        history: ``(private steps, ε)`` after every step of this callback's fits (saved in its state).
 
     Example::
 
@@ -96,30 +94,18 @@ class PrivacyCallback(Callback):
         calibrate: bool = False,
         sampling_spec: Optional[SamplingSpec] = None,
         orders: Optional[Sequence[float]] = None,
+        clip_norm: Optional[float] = None,
+        noise_multiplier: Optional[float] = None,
     ) -> None:
         super().__init__()
-        if target_epsilon is not None:
-            target_epsilon = positive_finite("target_epsilon", target_epsilon, "e.g. target_epsilon=4.0")
-        if delta is not None:
-            delta = positive_finite("delta", delta, "e.g. delta=1e-5, or leave it None for 1/m")
-            if delta >= 1.0:
-                raise ValueError(f"`delta` must be in (0, 1), got {delta}. Leave it None for δ = 1/m.")
-        if mechanism is not None and mechanism not in registered_mechanisms():
-            raise ValueError(
-                f"`mechanism` must be one of {registered_mechanisms()} or None (take it from the module's "
-                f"noise_spec), got {mechanism!r}."
-            )
-        if not isinstance(calibrate, bool):
-            raise TypeError(f"`calibrate` must be a bool, got {type(calibrate).__name__} ({calibrate!r}).")
-        if calibrate and target_epsilon is None:
-            raise ValueError("`calibrate=True` chooses σ from the budget and needs `target_epsilon`, got None.")
-        if sampling_spec is not None and not isinstance(sampling_spec, SamplingSpec):
-            raise TypeError(
-                f"`sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec or None, got "
-                f"{type(sampling_spec).__name__}."
-            )
+        target_epsilon, delta = check_arguments(target_epsilon, delta, mechanism, calibrate, sampling_spec)
         self.target_epsilon = target_epsilon
         self.calibrate = calibrate
+        self.clip_norm = None if clip_norm is None else positive_finite("clip_norm", clip_norm, "e.g. clip_norm=1.0")
+        self._sigma_arg = None if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, "e.g. 1.0")
+        self._layer: Any = None  # the module (a lightning_dprel model) or the DP-SGD layer attached to it
+        self._watch: Any = None  # parameters after the last charged release (lightning_dprel.callbacks.update_watch)
+        self._saved_ledger: Optional[dict] = None
         self.orders = None if orders is None else tuple(float(a) for a in orders)
         self._delta_arg = delta
         self._mechanism_arg = mechanism
@@ -171,6 +157,8 @@ class PrivacyCallback(Callback):
         before the first release (the callback's hooks run before the module's)."""
         planner = getattr(pl_module, "planned_releases", None)
         if not callable(planner) or planner() is None:
+            self._layer = privacy_layer(trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
+                                        saved_ledger=self._saved_ledger)
             return
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)
@@ -188,21 +176,25 @@ class PrivacyCallback(Callback):
             check_releases_charged(pl_module, self._ledger, delta=self.delta, planned=self._planned_epsilon)
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
-        sampling, noise = self._read_facts(trainer, pl_module)
-        self._ledger = ledger_of(pl_module)
-        opener = getattr(pl_module, "open_fit", None)
+        layer = self._layer
+        if layer is not pl_module:
+            layer.prepare(*loader_facts(trainer, self._sampling_arg))
+        sampling, noise = self._read_facts(trainer, layer)
+        self._ledger = ledger_of(layer)
+        opener = getattr(layer, "open_fit", None)
         if callable(opener):
             opener(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
         else:
             self._ledger.open(sampling)
             self._ledger.check_mechanism(noise.mechanism, noise.clipping)
+        self._watch = watch_updates(trainer, pl_module, self._ledger)
         self._steps_seen = self._ledger.private_steps
-        declared = int(getattr(pl_module, "releases_per_sample", 1))  # noised sums one batch releases on its sample
+        declared = int(getattr(layer, "releases_per_sample", 1))  # noised sums one batch releases on its sample
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
         self._resolve_delta(sampling)
         if self.calibrate:
-            self._apply_calibration(trainer, pl_module, sampling)
-            noise = noise_spec_of(pl_module)
+            self._apply_calibration(trainer, layer, sampling)
+            noise = noise_spec_of(layer)
         check_private(noise, self.target_epsilon)
         if self._ledger.unprotected_steps:
             raise ValueError(
@@ -221,6 +213,8 @@ class PrivacyCallback(Callback):
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._watch is not None:
+            self._watch.check(type(pl_module).__name__)
         steps = self._ledger.private_steps
         new_steps, self._steps_seen = steps - self._steps_seen, steps
         if new_steps <= 0:
@@ -234,7 +228,7 @@ class PrivacyCallback(Callback):
         if self.target_epsilon is None:
             return
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
-        sigma = self._next_sigma(noise_spec_of(pl_module))
+        sigma = self._next_sigma(noise_spec_of(self._layer))
         composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
@@ -247,7 +241,21 @@ class PrivacyCallback(Callback):
             logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
 
     @override
+    def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]) -> None:
+        if self._layer is not None and self._layer is not pl_module:  # the attached layer's ledger, under the layer's key
+            checkpoint["lightning_dprel"] = self._layer.state_dict()
+
+    @override
+    def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]) -> None:
+        self._saved_ledger = saved_ledger_of(pl_module, checkpoint)
+
+    @override
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        self._layer, self._watch = close_layer(pl_module, self._layer, self._watch)
+
+    @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._layer, self._watch = close_layer(pl_module, self._layer, self._watch)
         if self._ledger is None:
             return
         self.summary = self._summary_line()

@@ -133,6 +133,6 @@ register_mechanism(
 )
 register_mechanism(
     "poisson_gaussian", per_example_poisson_gaussian, coupled=False, privacy_unit=EXAMPLE,
-    label="per-example Poisson Gaussian",
+    label="per-example Poisson Gaussian", clipping=("standard",),  # each example clipped to C, add/remove: Δ = C
     description="per-example Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019)",
 )

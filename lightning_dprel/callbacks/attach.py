@@ -1,0 +1,89 @@
+"""The privacy callback's side of "your own LightningModule, made private": which layer states the facts, the loader's.
+
+A lightning_dprel model (a :class:`~lightning_dprel.core.ledger_module.LedgerModule`) states its own facts. Any other
+LightningModule gets the DP-SGD layer attached (:class:`~lightning_dprel.core.attached.AttachedDPSGD`), for the unit its
+training loader or datamodule declares; one that states privacy facts by hand is refused (they were faked before).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from lightning_dprel.callbacks.update_watch import UpdateWatch
+from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.example_views import ExampleView
+from lightning_dprel.core.specs import SamplingSpec
+
+__all__ = ["privacy_layer", "loader_facts", "watch_updates", "close_layer", "saved_ledger_of"]
+
+
+def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], noise_multiplier: Optional[float],
+                  saved_ledger: Optional[dict]) -> Any:
+    """``pl_module`` if it is a lightning_dprel model, else the DP-SGD layer attached to it (its optimizer wrapped)."""
+    from lightning_dprel.core.ledger_module import LedgerModule
+
+    if isinstance(pl_module, LedgerModule):
+        return pl_module
+    faked = [name for name in HAND_MADE_FACTS if hasattr(pl_module, name)]
+    if faked:
+        raise TypeError(
+            f"{type(pl_module).__name__} defines {faked} itself. PrivacyCallback no longer trusts facts a plain "
+            "LightningModule states (a module could claim them and train without noise while ε reads 0): remove them; "
+            "the callback attaches the DP optimizer and the ledger itself. Give it clip_norm= and noise_multiplier= "
+            "(or target_epsilon= with calibrate=True)."
+        )
+    if clip_norm is None:
+        raise ValueError(
+            f"PrivacyCallback makes {type(pl_module).__name__} private itself and needs `clip_norm=` (C, the bound on each "
+            "example's gradient norm), e.g. PrivacyCallback(target_epsilon=8.0, clip_norm=1.0, calibrate=True)."
+        )
+    sigma = noise_multiplier if noise_multiplier is not None else 1.0  # calibrate=True replaces it
+    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma, saved_ledger=saved_ledger)
+
+
+def train_loader_fact(trainer: Any, name: str, kind: type) -> Any:
+    """``name`` from the datamodule, else from the training loader (a DPDataLoader states its spec and view)."""
+    dm = trainer.datamodule
+    found = getattr(dm, name, None) if dm is not None else None
+    if isinstance(found, kind):
+        return found
+    loaders = trainer.train_dataloader
+    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+    for loader in loaders:
+        found = getattr(loader, name, None)
+        if isinstance(found, kind):
+            return found
+    return None
+
+
+def loader_facts(trainer: Any, explicit: Optional[SamplingSpec] = None) -> tuple[Optional[SamplingSpec], Optional[ExampleView]]:
+    """The training data's SamplingSpec (``explicit`` if given) and example view (None where none is stated)."""
+    spec = explicit if explicit is not None else train_loader_fact(trainer, "sampling_spec", SamplingSpec)
+    return spec, train_loader_fact(trainer, "example_view", ExampleView)
+
+
+def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:
+    """An :class:`UpdateWatch` of ``pl_module``, rebased by every DP optimizer's step (after its release is charged)."""
+    watch = UpdateWatch(pl_module, ledger)
+    for opt in trainer.optimizers:
+        dp = getattr(opt, "optimizer", opt)
+        if isinstance(dp, DPOptimizer):
+            dp.attach_step_hook(watch.after_release)
+    return watch
+
+
+def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch]) -> tuple[Any, None]:
+    """End of fit: the module gets its own methods back (the layer and its ledger stay readable), the watch stops."""
+    if isinstance(layer, AttachedDPSGD):
+        layer.detach()
+    if watch is not None:
+        watch.close()
+    return layer, None
+
+
+def saved_ledger_of(pl_module: Any, checkpoint: dict) -> Optional[dict]:
+    """The ledger a checkpoint saved for an attached layer (a lightning_dprel model restores its own)."""
+    from lightning_dprel.core.ledger_module import LedgerModule
+
+    return None if isinstance(pl_module, LedgerModule) else checkpoint.get(LEDGER_KEY)

@@ -1,0 +1,76 @@
+"""Parameters that moved without a charged release: detected every step, charged as unprotected (ε = ∞), refused.
+
+A DP-SGD fit's parameters may change only by a DP optimizer's step (whose release the ledger charges) or by an update
+declared public (:func:`public_update`: a warm start or an interleaved step on public data). The watch keeps the
+parameters as they stood after the last such change and compares them at every batch end: any other movement (a plain
+optimizer, ``p.data -= …``, a module that fakes the facts it is asked for) is an update no private step charged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dprel.core.events import StepRecord
+
+__all__ = ["UpdateWatch", "public_update"]
+
+_WATCH = "_lightning_dprel_update_watch"
+
+
+@contextlib.contextmanager
+def public_update(module: nn.Module) -> Iterator[None]:
+    """Declare the body's parameter updates public (they read public data only); the watch takes them as the new base."""
+    try:
+        yield
+    finally:
+        watch = module.__dict__.get(_WATCH)
+        if watch is not None:
+            watch.rebase()
+
+
+class UpdateWatch:
+    """The parameters after the last charged (or public) update of ``module``, checked at every batch end."""
+
+    def __init__(self, module: nn.Module, ledger: Any) -> None:
+        self.module, self.ledger = module, ledger
+        self.params = [p for p in module.parameters()]
+        self.base: list[Tensor] = []
+        module.__dict__[_WATCH] = self
+        self.rebase()
+
+    def rebase(self) -> None:
+        """Take the parameters as they are now as the base (after a charged release or a public update)."""
+        with torch.no_grad():
+            self.base = [p.detach().clone() for p in self.params]
+
+    def after_release(self, record: Any) -> None:
+        """A DP optimizer's step hook: the update it just applied is charged."""
+        self.rebase()
+
+    def moved(self) -> list[str]:
+        """Names of the parameters that differ from the base."""
+        names = [n for n, _ in self.module.named_parameters()]
+        return [n for n, p, b in zip(names, self.params, self.base) if not torch.equal(p.detach(), b)]
+
+    def check(self, who: str) -> None:
+        """Refuse (and charge as unprotected, so ε reads ∞) parameters that moved since the last charged update."""
+        moved = self.moved()
+        if not moved:
+            return
+        self.ledger.charge(StepRecord("none", 0.0, 1.0, "none", 0.0, 1.0))
+        self.rebase()
+        raise RuntimeError(
+            f"PrivacyCallback: {len(moved)} parameters of {who} changed without a charged private release "
+            f"(e.g. {moved[:3]}): an optimizer other than the DP optimizer, an in-place edit, or a step outside the "
+            "private path. This model is no longer private (its ledger now reads ε = ∞). Train only through the DP "
+            "optimizer the callback or the module builds; wrap public-data updates in "
+            "lightning_dprel.callbacks.public_update(module)."
+        )
+
+    def close(self) -> None:
+        self.module.__dict__.pop(_WATCH, None)

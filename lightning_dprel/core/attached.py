@@ -1,0 +1,213 @@
+"""The DP-SGD layer attached to a user's own LightningModule (DP-SGD, Abadi et al. 2016, Alg. 1), by the privacy callback.
+
+The user keeps their module, ``training_step``, loss and optimizer. :class:`AttachedDPSGD` wraps that optimizer in the
+:class:`~lightning_dprel.core.optim.DPOptimizer` (σ and C live there), runs the user's step on each example alone for
+per-example gradients (:mod:`~lightning_dprel.grad_sample.user_step`), and charges every release to its own
+:class:`~lightning_dprel.core.ledger.PrivacyLedger` (saved in the checkpoint under the ledger layer's key). What cannot
+be proven is refused before the first step, with the fix named: manual optimization, a second optimizer, a loader that
+is not a Poisson sampler, layers that mix examples (batch statistics; message passing outside DP-GCN's subgraphs), and a
+loss whose full-batch value is neither the mean nor the sum of the examples' own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dprel.core.example_views import ExampleView
+from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
+
+__all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers"]
+
+LEDGER_KEY = "lightning_dprel"
+_LEDGER_ATTR = "_lightning_dprel_ledger"
+#: What only the library's layers state; a plain LightningModule that defines them is refused (they were faked before).
+HAND_MADE_FACTS = ("noise_spec", "privacy_ledger", "set_noise_multiplier", "sampling_spec")
+#: Units whose examples are rows or tuples: message passing across them mixes units.
+_ROW_UNITS = ("example", "entity")
+
+
+def default_mechanism(unit: str) -> str:
+    """The provable, standard-clipping mechanism registered for ``unit`` (per-example clipping to C)."""
+    from lightning_dprel.accounting import get_mechanism, registered_mechanisms
+
+    for name in registered_mechanisms():
+        mech = get_mechanism(name)
+        if mech.unit is not None and mech.unit.name == unit and "standard" in mech.clipping and not mech.warning:
+            return name
+    raise ValueError(f"No provable mechanism with per-example clipping is registered for the unit {unit!r}.")
+
+
+def refuse_mixing_layers(module: nn.Module, unit: str) -> None:
+    """Refuse layers whose output for one example depends on the others in the batch, naming the fix."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training:
+            raise ValueError(
+                f"`{name}` ({type(m).__name__}) normalises with the statistics of the whole batch and updates running "
+                "statistics from private data: one example's gradient depends on the others and no per-example "
+                "clipping bounds it. Replace it with nn.GroupNorm / nn.LayerNorm, or freeze it in eval mode."
+            )
+        if unit in _ROW_UNITS and type(m).__module__.startswith("torch_geometric.nn") and _is_message_passing(m):
+            raise ValueError(
+                f"`{name}` ({type(m).__name__}) passes messages along the graph, so under the {unit!r} unit one "
+                "example's loss reads other units' data. Train GNNs node-level on the DP-GCN route: "
+                "NodeSplitDataModule(source, as_pyg_batches=True) with your module unchanged (random graph splits, "
+                "each subgraph an example, accounting 'subgraph_replace')."
+            )
+
+
+def _is_message_passing(m: nn.Module) -> bool:
+    try:
+        from torch_geometric.nn import MessagePassing
+    except ImportError:  # pragma: no cover - torch-geometric is a dependency
+        return False
+    return isinstance(m, MessagePassing)
+
+
+class AttachedDPSGD:
+    """The DP-SGD layer of a plain LightningModule: its DP optimizer, ledger and per-example step (one per fit)."""
+
+    releases_per_sample = 1
+    is_private = True
+
+    def __init__(self, trainer: Any, module: Any, *, clip_norm: float, noise_multiplier: float,
+                 chunk_size: int | None = None, saved_ledger: dict | None = None) -> None:
+        if not module.automatic_optimization:
+            raise ValueError(
+                f"{type(module).__name__} uses manual optimization: its own optimizer.step() calls bypass the DP "
+                "optimizer. Use automatic optimization (return the loss from training_step; the callback clips, "
+                "noises and steps your optimizer), or build on lightning_dprel.core.PrivateModule."
+            )
+        if len(trainer.optimizers) != 1:
+            raise ValueError(
+                f"{type(module).__name__}.configure_optimizers gives {len(trainer.optimizers)} optimizers; example-level "
+                "DP-SGD wraps exactly one (a second, plain one would update parameters without noise). Return one."
+            )
+        self.trainer, self.module, self.chunk_size = trainer, module, chunk_size
+        #: The module's ledger: kept on the module across fits (a refit never restarts ε at 0), restored from a checkpoint.
+        self.privacy_ledger = module.__dict__.setdefault(_LEDGER_ATTR, PrivacyLedger())
+        if saved_ledger is not None:
+            self.privacy_ledger.load_state_dict(saved_ledger)
+        inner = trainer.optimizers[0]
+        if isinstance(inner, DPOptimizer):
+            inner = inner.original_optimizer
+        ids = {id(p) for g in inner.param_groups for p in g["params"]}
+        self.params = {n: p for n, p in module.named_parameters() if id(p) in ids}
+        if len(self.params) != len(ids):
+            raise ValueError("The optimizer holds parameters that are not the module's; optimize the module's parameters.")
+        frozen = [n for n, p in self.params.items() if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"The optimizer holds parameters with requires_grad=False ({frozen[:3]}); leave them out.")
+        spec = NoiseSpec(float(noise_multiplier), float(clip_norm), clipping="standard")
+        self.dp = DPOptimizer(inner, named_params=self.params, noise_spec=spec, noise=KeyedStream.secret("noise"))
+        self.dp.attach_step_hook(self._charge)
+        trainer.strategy.optimizers = [self.dp]
+        self.view: ExampleView | None = None
+        self.sampling: SamplingSpec | None = None
+        self._checked_reduction = False
+        self._fit_opened = False
+        self._step = module.training_step  # the user's, bound
+        module.__dict__["training_step"] = self.training_step
+        module.__dict__["backward"] = _no_backward
+
+    # --- the facts the privacy callback reads --------------------------------------------------------
+    @property
+    def noise_spec(self) -> NoiseSpec:
+        return self.dp.noise_spec
+
+    def set_noise_multiplier(self, sigma: float) -> None:
+        self.dp.set_noise_multiplier(float(sigma))
+
+    def prepare(self, sampling: SamplingSpec | None, view: ExampleView | None) -> None:
+        """Take the loader's sampling, its example view and the unit's mechanism; refuse mixing layers (before step 1)."""
+        if sampling is None:
+            return  # the privacy callback names what is missing
+        if not isinstance(view, ExampleView):
+            raise ValueError(
+                "The training loader states no example view: use lightning_dprel's DPDataLoader (Poisson rows), "
+                "LinkPredictionDataModule (coupled edge tuples) or NodeSplitDataModule(as_pyg_batches=True) (subgraphs)."
+            )
+        refuse_mixing_layers(self.module, sampling.privacy_unit)
+        mechanism = default_mechanism(sampling.privacy_unit)
+        if self.dp.noise_spec.accounting != mechanism:
+            self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
+        self.view, self.sampling = view, sampling
+
+    def open_fit(self, sampling: SamplingSpec, noise: NoiseSpec | None = None) -> None:
+        """Open the ledger for this fit's sampling and check the mechanism for its unit (once per fit)."""
+        if self._fit_opened:
+            return
+        self.privacy_ledger.open(sampling)
+        if noise is not None:
+            self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
+        self._fit_opened = True
+
+    def _charge(self, record: Any) -> None:
+        loop = self.trainer.fit_loop.epoch_loop.batch_progress.total
+        self.privacy_ledger.charge(record, sample=(id(self.trainer), loop.ready))
+
+    # --- the step -------------------------------------------------------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | dict:
+        """Per-example gradients of the user's step → the DP optimizer; the user's step on the whole batch for its logs."""
+        if self.view is None:
+            raise RuntimeError("The privacy callback did not open this fit (PrivacyCallback.on_train_start).")
+        size = self.view.size(batch)
+        if size and not self._checked_reduction:
+            self.check_reduction(batch, batch_idx)
+        result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params, chunk_size=self.chunk_size)
+        self.dp.record(result.grads, max_freq=None, expected_batch_size=self.sampling.expected_batch_size)
+        if not size:
+            return torch.zeros((), device=next(iter(self.params.values())).device)
+        with torch.no_grad():
+            return self._step(batch, batch_idx)
+
+    def check_reduction(self, batch: Any, batch_idx: int) -> None:
+        """Refuse a full-batch loss that is neither the mean nor the sum of the examples' own (dropout off, once)."""
+        self._checked_reduction = True
+        if not self.view.checks_reduction or self.view.size(batch) < 2:
+            return
+        module = self.module
+        modes = {m: m.training for m in module.modules()}
+        for m in module.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.eval()
+        try:
+            with torch.no_grad(), quiet_logging(module):
+                full = float(step_loss(self._step(batch, batch_idx)))
+                alone = torch.stack([step_loss(self._step(ex, batch_idx)) for ex in self.view.examples(batch)]).double()
+        finally:
+            for m, mode in modes.items():
+                m.train(mode)
+        mean, total = float(alone.mean()), float(alone.sum())
+        if not (_close(full, mean) or _close(full, total)):
+            raise ValueError(
+                f"The loss of the whole batch ({full:.6g}) is neither the mean ({mean:.6g}) nor the sum ({total:.6g}) of "
+                "the examples' losses computed alone: a layer mixes examples (batch statistics, attention or message "
+                "passing across the batch) or the loss is not a per-example sum or mean (e.g. a contrastive loss over "
+                "the batch). DP-SGD clips each example's gradient alone; make each example's loss depend on it only."
+            )
+
+    # --- checkpoints and teardown ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return self.privacy_ledger.state_dict()
+
+    def detach(self) -> None:
+        """Give the module its own ``training_step`` and ``backward`` back (the ledger stays readable here)."""
+        self.module.__dict__.pop("training_step", None)
+        self.module.__dict__.pop("backward", None)
+
+
+def _no_backward(*args: Any, **kwargs: Any) -> None:
+    """The gradient was written by the DP optimizer from per-example gradients; the batch loss is not differentiated."""
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)

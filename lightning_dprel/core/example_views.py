@@ -1,0 +1,118 @@
+"""How a user's batch splits into its privacy units' examples (the per-example side of DP-SGD, Abadi et al. 2016, Alg. 1).
+
+A private loader states its view next to its SamplingSpec; the privacy callback asks the view for the examples of a
+batch and hands each, as a batch of one, to the user's own ``training_step``:
+
+- :class:`TensorRows`: row i of every tensor (a ``TensorDataset``'s tuple, a dict of tensors); one example is the batch
+  of that row. Stackable, so per-example gradients come from one ``torch.func.vmap``.
+- :class:`LinkTuples`: one coupled edge tuple (a positive and its k negatives, Algorithm 3) of a PyG link-prediction
+  batch (``x``, ``n_id``, ``edge_label_index``, ``edge_label``); every tuple has 2 + k nodes, so it stacks too.
+- :class:`SubgraphGraphs`: one subgraph of a PyG ``Batch`` (DP-GCN's random graph splits); sizes differ, so one
+  backward per example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["ExampleView", "TensorRows", "LinkTuples", "SubgraphGraphs", "tree_map", "empty_like_rows"]
+
+
+def tree_map(fn: Any, tree: Any) -> Any:
+    """``fn`` on every tensor of a (nested) tuple / list / dict; other leaves unchanged."""
+    if isinstance(tree, Tensor):
+        return fn(tree)
+    if isinstance(tree, Mapping):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(tree_map(fn, v) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_map(fn, v) for v in tree)
+    return tree
+
+
+class ExampleView:
+    """The examples (one per privacy unit) of a batch, each as a batch of one the user's ``training_step`` accepts."""
+
+    #: True when the examples stack along one dimension (one vmap); False: one backward per example.
+    stacks: bool = True
+    #: True when the full batch's loss must be the mean or sum of the examples' (checked once before the first step).
+    checks_reduction: bool = True
+
+    def size(self, batch: Any) -> int:
+        raise NotImplementedError
+
+    def stacked(self, batch: Any) -> Any:
+        """The batch as a tree of tensors with leading dimension B (what vmap maps over)."""
+        raise NotImplementedError
+
+    def one(self, example: Any) -> Any:
+        """One stacked example (leading dimension removed) as the batch of one the user's step takes."""
+        raise NotImplementedError
+
+    def examples(self, batch: Any) -> Iterator[Any]:
+        """Each example as a batch of one (the loop path)."""
+        stacked = self.stacked(batch)
+        for i in range(self.size(batch)):
+            yield self.one(tree_map(lambda t, i=i: t[i], stacked))
+
+
+class TensorRows(ExampleView):
+    """Row i of every tensor of the batch is example i (``TensorDataset``, dicts of tensors)."""
+
+    def size(self, batch: Any) -> int:
+        sizes = set()
+        tree_map(lambda t: sizes.add(int(t.shape[0])) if t.dim() else None, batch)
+        if len(sizes) != 1:
+            raise ValueError(
+                f"Every tensor of a batch of examples needs the same leading (example) dimension, got sizes {sorted(sizes)}; "
+                "a batch-level tensor (a class-weight vector, say) belongs in the module, not the batch."
+            )
+        return sizes.pop()
+
+    def stacked(self, batch: Any) -> Any:
+        return batch
+
+    def one(self, example: Any) -> Any:
+        return tree_map(lambda t: t.unsqueeze(0), example)
+
+
+class LinkTuples(ExampleView):
+    """One coupled tuple (e⁺, e⁻₁..e⁻ₖ) of a :class:`~lightning_dprel.datamodules.edge_tuples.link_batches.LinkBatch`."""
+
+    def size(self, batch: Any) -> int:
+        return int(batch.tuple_x.shape[0]) if "tuple_x" in batch else int(batch.tuple_n_id.shape[0])
+
+    def stacked(self, batch: Any) -> Any:
+        keys = ("tuple_x", "tuple_n_id", "tuple_edge_label_index", "tuple_edge_label")
+        return {k: batch[k] for k in keys if k in batch}
+
+    def one(self, example: Any) -> Any:
+        from torch_geometric.data import Data
+
+        out = Data(n_id=example["tuple_n_id"], edge_label_index=example["tuple_edge_label_index"],
+                   edge_label=example["tuple_edge_label"])
+        if "tuple_x" in example:
+            out.x = example["tuple_x"]
+        return out
+
+
+class SubgraphGraphs(ExampleView):
+    """One subgraph (a ``Data``) of a PyG ``Batch`` of DP-GCN's sampled subgraphs."""
+
+    stacks = False
+    checks_reduction = False  # a node-mean over the union weighs subgraphs by their sizes; each is clipped alone
+
+    def size(self, batch: Any) -> int:
+        return int(batch.num_graphs) if hasattr(batch, "num_graphs") else 0
+
+    def examples(self, batch: Any) -> Iterator[Any]:
+        yield from batch.to_data_list() if self.size(batch) else ()
+
+
+def empty_like_rows(example_batch: Any) -> Any:
+    """A batch of zero rows with the shapes of a collated batch of one (an empty Poisson sample is a real step)."""
+    return tree_map(lambda t: t[:0], example_batch)

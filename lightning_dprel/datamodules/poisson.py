@@ -1,0 +1,110 @@
+"""Poisson sampling of a user's dataset for example-level DP-SGD (Abadi et al. 2016, Alg. 1; Mironov et al. 2019).
+
+:class:`DPDataLoader` replaces a ``DataLoader(dataset, batch_size=b, shuffle=True)``: every step keeps each row
+independently with probability q = b/N, drawn from the secret keyed stream (never replayed; a seed makes it
+reproducible for tests and warns). Under DDP every rank draws the same global sample and keeps its share, so the
+clipped sums the DP optimizer all-reduces are the global batch's. It states its :attr:`sampling_spec` (unit
+``example``: one row, add/remove) and its :attr:`example_view` for the privacy callback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data._utils.collate import default_collate
+
+from lightning_dprel.core.checks import check_int
+from lightning_dprel.core.example_views import TensorRows, empty_like_rows
+from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
+from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
+
+__all__ = ["DPDataLoader", "PoissonSampledBatches"]
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class PoissonSampledBatches(IterableDataset):
+    """An epoch of ⌈N/b⌉ Poisson samples of ``dataset`` at rate q = b/N, collated (this rank's share under DDP)."""
+
+    def __init__(self, dataset: Dataset, expected_batch_size: float, collate_fn: Callable[[list], Any],
+                 stream: KeyedStream) -> None:
+        self.dataset, self.collate_fn, self.stream = dataset, collate_fn, stream
+        self.num_examples = check_int("len(dataset)", len(dataset), 1)  # type: ignore[arg-type]
+        b = float(expected_batch_size)
+        if not 0.0 < b <= self.num_examples:
+            raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, N = {self.num_examples}], got {b}.")
+        self.expected_batch_size, self.sampling_rate = b, b / self.num_examples
+        self.draws = 0  # samples drawn so far: the stream's path, so no (key, path) pair is ever drawn twice
+
+    def __len__(self) -> int:
+        return math.ceil(1.0 / self.sampling_rate)
+
+    def indices(self, draw: int) -> torch.Tensor:
+        """The global sample of draw ``draw``: each row kept with probability q."""
+        return torch.nonzero(self.stream.child(draw, "rows").uniform(self.num_examples) < self.sampling_rate).view(-1)
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(len(self)):
+            draw, self.draws = self.draws, self.draws + 1
+            rank, world = _world()
+            rows = self.indices(draw)[rank::world].tolist()
+            if rows:
+                yield self.collate_fn([self.dataset[i] for i in rows])
+            else:  # an empty sample is a real step: noise is still released
+                yield empty_like_rows(self.collate_fn([self.dataset[0]]))
+
+
+class DPDataLoader(DataLoader):
+    """A ``DataLoader`` whose batches are Poisson samples at rate b/N from the keyed stream (unit: one example).
+
+    Args:
+        dataset: a map-style dataset of N examples, one per privacy unit (one person's row).
+        batch_size: b, the *expected* batch size (q = b/N); the private step divides by b.
+        collate_fn: as ``DataLoader``'s (default: ``default_collate``).
+        seed: None (default: secret key from the OS) or a public seed (reproducible, voids the guarantee, warns).
+        pin_memory: as ``DataLoader``'s.
+
+    Example::
+
+        loader = DPDataLoader(TensorDataset(x, y), batch_size=64)   # was DataLoader(..., batch_size=64, shuffle=True)
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: float, *, collate_fn: Callable[[list], Any] | None = None,
+                 seed: int | None = None, pin_memory: bool = False, **kwargs: Any) -> None:
+        bad = sorted(k for k in kwargs if k not in ("batch_sampler", "sampler", "shuffle", "num_workers", "drop_last"))
+        if bad:
+            raise TypeError(f"DPDataLoader got unexpected arguments {bad}.")
+        given = {k: v for k, v in kwargs.items() if v not in (None, False, 0)}
+        if given:
+            raise ValueError(
+                f"DPDataLoader draws its own Poisson samples; it refuses {sorted(given)} (a fixed-size, shuffled or "
+                "worker-split sampler is not what the accountant charges). Pass only the dataset and batch_size = b."
+            )
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise TypeError("DPDataLoader needs a map-style dataset with a length (one row per privacy unit).")
+        if seed is not None:
+            import warnings
+
+            warnings.warn(SEEDED_WARNING.format(what=f"DPDataLoader(seed={seed})"), UserWarning, stacklevel=2)
+        stream = KeyedStream.secret("poisson_rows") if seed is None else KeyedStream.seeded(seed, "poisson_rows", warn=False)
+        self.batches = PoissonSampledBatches(dataset, batch_size, collate_fn or default_collate, stream)
+        super().__init__(self.batches, batch_size=None, pin_memory=pin_memory)
+        self.example_view = TensorRows()
+
+    @property
+    def sampling_spec(self) -> SamplingSpec:
+        """What the accountant charges: Poisson rate q = b/N over N examples, one per unit (K = 1, no negatives)."""
+        n, s = self.batches.num_examples, self.batches
+        return SamplingSpec(num_nodes=n, num_edges=n, max_degree=1, sampling_rate=s.sampling_rate, neg_per_pos=0,
+                            expected_batch_size=s.expected_batch_size, steps_per_epoch=len(s), privacy_unit=EXAMPLE,
+                            num_units=n)
