@@ -27,6 +27,7 @@ _LAZY = {
     "PrivacyLedger": "lightning_dprel.core.ledger",
     "Accountant": "lightning_dprel.accounting",
     "PrivacyCallback": "lightning_dprel.callbacks",
+    "DPDataLoader": "lightning_dprel.datamodules",
     "ValidationSelection": "lightning_dprel.callbacks",
     "RelationalDataModule": "lightning_dprel.datamodules",
     "GraphSource": "lightning_dprel.datamodules",

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprel.callbacks import PAPER_EQ3_WARNING, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
+from lightning_dprel.core.specs import NoiseSpec
 from lightning_dprel.demos.boring_classes import BoringPrivateModule, SpecDataModule, make_spec
 
 MECHS = ("freq_corrected", "freq_paper", "standard")
@@ -204,7 +205,7 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path, calibrate):
     ckpt = tmp_path / "step=8.ckpt"
     saved = torch.load(ckpt, weights_only=False)
     state = saved["callbacks"]["PrivacyCallback"]
-    assert sum(seg["steps"] for seg in saved["ledger"]["segments"]) == 8 and state["target_epsilon"] == target
+    assert sum(seg["steps"] for seg in saved["lightning_dprel"]["ledger"]["segments"]) == 8 and state["target_epsilon"] == target
     assert state["mechanism"] == "freq_corrected" and state["delta"] == delta
 
     resumed_cb, resumed_module, resumed_trainer = run(ckpt_path=str(ckpt))
@@ -266,14 +267,24 @@ def test_bad_arguments(kwargs, error, match):
         PrivacyCallback(**kwargs)
 
 
-class NoSpecModule(BoringPrivateModule):
-    noise_spec = None
+class PlainModule(pl.LightningModule):
+    """A LightningModule of the user's own: the callback attaches the DP-SGD layer, which needs C."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0].view(-1, 1)).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 @pytest.mark.parametrize(
     "callback,module,datamodule,error,match",
     [
-        (dict(), NoSpecModule(), SpecDataModule(make_spec()), TypeError, "needs `pl_module.noise_spec`"),
+        (dict(), PlainModule(), SpecDataModule(make_spec()), ValueError, "needs `clip_norm=`"),
         (dict(), BoringPrivateModule(), SpecDataModule(make_spec(), expose=False), ValueError, "needs a SamplingSpec"),
         (dict(sampling_spec=make_spec(K=5)), BoringPrivateModule(), SpecDataModule(make_spec()), ValueError,
          "contradicts trainer.datamodule.sampling_spec"),
@@ -360,7 +371,7 @@ def test_a_checkpoint_saved_before_the_callback_runs_holds_the_step(tmp_path):
     trainer.callbacks.insert(0, SaveBeforePrivacy(path, at=3))
     trainer.fit(module_for("standard", sigma), datamodule=SpecDataModule(spec))
     # the module charged step 3 when it took it, before any callback ran: the checkpoint's ledger has it
-    assert torch.load(path, weights_only=False)["ledger"]["segments"][0]["steps"] == 3
+    assert torch.load(path, weights_only=False)["lightning_dprel"]["ledger"]["segments"][0]["steps"] == 3
 
     resumed, module = PrivacyCallback(target_epsilon=target), module_for("standard", sigma)
     make_trainer(resumed).fit(module, datamodule=SpecDataModule(spec), ckpt_path=str(path))
@@ -422,7 +433,7 @@ class SwitchingModule(BoringPrivateModule):
     def training_step(self, batch, batch_idx):
         super().training_step(batch, batch_idx)
         if self.optimizer_steps == 2:
-            self.clipping = "standard"
+            self._dp_optimizer.noise_spec = NoiseSpec(self.sigma, 1.0, clipping="standard")
 
 
 def test_a_module_that_switches_clipping_mid_fit_is_refused():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from lightning_dprel.callbacks.update_watch import UpdateWatch
+from lightning_dprel.core.update_watch import UpdateWatch
 from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView

@@ -133,7 +133,13 @@ def check_not_over(epsilon: float, target: float, steps: int, *, releases: int, 
     )
 
 
-def check_private(noise: NoiseSpec, target_epsilon: Optional[float]) -> None:
+def check_private(noise: NoiseSpec, target_epsilon: Optional[float], ledger: PrivacyLedger) -> None:
+    """Refuse a module without noise, or whose ledger already holds steps without noise (no finite ε holds)."""
+    if ledger.unprotected_steps:
+        raise ValueError(
+            f"PrivacyCallback: this model already took {ledger.unprotected_steps} steps without noise "
+            "(its ledger says so), so no finite ε holds for it. Start from a model that never trained non-privately."
+        )
     if noise.noise_multiplier > 0.0:
         return
     budget = f" but target_epsilon={target_epsilon} was asked" if target_epsilon is not None else ""

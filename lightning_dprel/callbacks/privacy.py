@@ -39,9 +39,8 @@ __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 class PrivacyCallback(Callback):
     r"""Reports (ε, δ) for the data's privacy unit after every release and halts before the budget (Algorithm 3).
 
-    Any LightningModule: a lightning_dprel model states its own noise and ledger; any other gets the DP-SGD layer
-    attached for its training loader's unit (``DPDataLoader``: one example), its own optimizer wrapped
-    (``clip_norm``, ``noise_multiplier``). Parameters that move without a charged release stop the fit (ε = ∞).
+    Any LightningModule: a lightning_dprel model states its own noise and ledger; any other gets the DP-SGD layer attached
+    for its loader's unit (``DPDataLoader``: one example). Parameters moved without a charged release stop it (ε = ∞).
 
     Each training batch is one sampled step (r noised releases on it count once at σ/√r); after step t the callback
     asks :class:`~lightning_dprel.core.budget.PrivacyBudget` whether step t+1 fits and, if not, stops (agreed across
@@ -69,9 +68,8 @@ class PrivacyCallback(Callback):
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
         mechanism: the accountant mechanism in use.
         delta: the δ in use (resolved to 1/m at fit start when not given).
-        noise_multiplier: the σ of the last recorded step (or the calibrated σ).
+        noise_multiplier: the σ of the last recorded step (or the calibrated σ). summary: the end-of-fit line.
         stopped_step: the private step count at which the budget stopped training, else ``None``.
-        summary: the end-of-fit one-line summary.
         history: ``(private steps, ε)`` after every step of this callback's fits (saved in its state).
 
     Example::
@@ -104,7 +102,7 @@ class PrivacyCallback(Callback):
         self.clip_norm = None if clip_norm is None else positive_finite("clip_norm", clip_norm, "e.g. clip_norm=1.0")
         self._sigma_arg = None if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, "e.g. 1.0")
         self._layer: Any = None  # the module (a lightning_dprel model) or the DP-SGD layer attached to it
-        self._watch: Any = None  # parameters after the last charged release (lightning_dprel.callbacks.update_watch)
+        self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
         self._saved_ledger: Optional[dict] = None
         self.orders = None if orders is None else tuple(float(a) for a in orders)
         self._delta_arg = delta
@@ -181,12 +179,7 @@ class PrivacyCallback(Callback):
             layer.prepare(*loader_facts(trainer, self._sampling_arg))
         sampling, noise = self._read_facts(trainer, layer)
         self._ledger = ledger_of(layer)
-        opener = getattr(layer, "open_fit", None)
-        if callable(opener):
-            opener(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
-        else:
-            self._ledger.open(sampling)
-            self._ledger.check_mechanism(noise.mechanism, noise.clipping)
+        layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
         self._watch = watch_updates(trainer, pl_module, self._ledger)
         self._steps_seen = self._ledger.private_steps
         declared = int(getattr(layer, "releases_per_sample", 1))  # noised sums one batch releases on its sample
@@ -195,12 +188,7 @@ class PrivacyCallback(Callback):
         if self.calibrate:
             self._apply_calibration(trainer, layer, sampling)
             noise = noise_spec_of(layer)
-        check_private(noise, self.target_epsilon)
-        if self._ledger.unprotected_steps:
-            raise ValueError(
-                f"PrivacyCallback: this model already took {self._ledger.unprotected_steps} steps without noise "
-                "(its ledger says so), so no finite ε holds for it. Start from a model that never trained non-privately."
-            )
+        check_private(noise, self.target_epsilon, self._ledger)
         self.noise_multiplier = float(noise.noise_multiplier)
         warning = get_mechanism(self.mechanism).warning
         if warning and warning not in self._warned:
@@ -210,11 +198,19 @@ class PrivacyCallback(Callback):
             self._check_budget_at_start(trainer, sampling, noise)
 
     @override
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
+        if self._watch is not None:  # moved between batches (a hook after this callback's, an epoch-end edit)?
+            self._watch.check(type(pl_module).__name__)
+
+    @override
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self.on_train_batch_start(trainer, pl_module, None, -1)
+
+    @override
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._watch is not None:
-            self._watch.check(type(pl_module).__name__)
+        self.on_train_batch_start(trainer, pl_module, batch, batch_idx)
         steps = self._ledger.private_steps
         new_steps, self._steps_seen = steps - self._steps_seen, steps
         if new_steps <= 0:

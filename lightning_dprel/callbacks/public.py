@@ -19,6 +19,7 @@ import torch
 from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities import move_data_to_device
 
+from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.core.subspace import GradientSubspace
 from lightning_dprel.progress import ProgressLog
 
@@ -123,7 +124,7 @@ def warm_start(module: Any, public: Any, *, steps: int, lr: float, batch_size: i
     params = [p for p in module.parameters() if p.requires_grad]
     opt = optimizer if optimizer is not None else torch.optim.Adam(params, lr=lr)
     device = params[0].device if params else torch.device("cpu")
-    with torch.enable_grad():
+    with torch.enable_grad(), public_update(module):  # public data only: the update watch takes it as its base
         for step in range(first_step, first_step + steps):
             batch = move_data_to_device(public.sample(batch_size, neg_per_pos=neg_per_pos, step=step, directed=directed), device)
             opt.zero_grad(set_to_none=True)

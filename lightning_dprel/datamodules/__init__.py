@@ -14,6 +14,8 @@ _LAZY = {
     "GraphSource": "lightning_dprel.datamodules.datasets.base",
     "PyGSource": "lightning_dprel.datamodules.datasets.base",
     "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
+    "LinkPredictionDataModule": "lightning_dprel.datamodules.edge_tuples.link_batches",
+    "DPDataLoader": "lightning_dprel.datamodules.poisson",
     "PublicRelations": "lightning_dprel.datamodules.edge_tuples.public",
     "DPDegreeCap": "lightning_dprel.datamodules.edge_tuples.settings",
     "choose_settings": "lightning_dprel.datamodules.edge_tuples.settings",

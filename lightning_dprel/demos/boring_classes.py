@@ -1,8 +1,7 @@
 """Small private Lightning classes for tests and examples (as Lightning's ``demos/boring_classes.py``).
 
-:func:`quiet_trainer` is a CPU Trainer that prints and saves nothing; :class:`BoringPrivateModule` exposes a
-:class:`~lightning_dprel.core.specs.NoiseSpec`, takes one manual optimizer step per training batch and charges its
-ledger with the batch as the sample; :class:`SpecDataModule` exposes a SamplingSpec (from
+:func:`quiet_trainer` is a CPU Trainer that prints and saves nothing; :class:`BoringPrivateModule` is a one-weight
+PrivateModule taking one DP optimizer step per training batch; :class:`SpecDataModule` exposes a SamplingSpec (from
 :func:`~lightning_dprel.demos.specs.make_spec`) after setup, or none; :func:`tiny_relational_dm` and
 :func:`tiny_prompt_dm` are a RelationalDataModule and a PromptDataModule on small seeded graphs.
 """
@@ -17,9 +16,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dprel.core.events import StepRecord
-from lightning_dprel.core.ledger import PrivacyLedger
-from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.core.private_module import PrivateModule
+from lightning_dprel.core.specs import SamplingSpec
 from lightning_dprel.demos.specs import make_spec
 
 __all__ = [
@@ -36,44 +34,32 @@ def quiet_trainer(callbacks=(), **kwargs) -> pl.Trainer:
     return pl.Trainer(callbacks=list(callbacks), **{**options, **kwargs})
 
 
-class BoringPrivateModule(pl.LightningModule):
-    """Exposes a NoiseSpec and takes one manual optimizer step per training batch."""
+class BoringPrivateModule(PrivateModule):
+    """A one-weight PrivateModule: one DP optimizer step per training batch on the loss (w·x + c)², per-example
+    gradients in closed form (a cheap stand-in for a real model in callback tests)."""
 
-    def __init__(self, *, sigma=1.0, clipping="freq", accounting="corrected", clip_norm=1.0):
+    def __init__(self, *, sigma=1.0, clipping="freq", accounting="corrected", clip_norm=1.0, lr=0.01, optimizer="sgd"):
         super().__init__()
-        self.automatic_optimization = False
+        self._setup_privacy(clipping=clipping, accounting=accounting if clipping == "freq" else None, clip_norm=clip_norm,
+                            noise_multiplier=sigma, noise_seed=None, optimizer="sgd", lr=0.01, momentum=0.0,
+                            diagnostics=False)
+        self.save_hyperparameters()
         self.layer = torch.nn.Linear(1, 1)
-        self.sigma, self.clipping, self.accounting, self.clip_norm = sigma, clipping, accounting, clip_norm
         self.optimizer_steps = 0
-        self.privacy_ledger = PrivacyLedger()
 
     @property
-    def noise_spec(self) -> NoiseSpec:
-        return NoiseSpec(self.sigma, self.clip_norm, clipping=self.clipping, accounting=self.accounting)
-
-    def set_noise_multiplier(self, sigma: float) -> None:
-        self.sigma = float(sigma)
+    def sigma(self) -> float:
+        return self.noise_spec.noise_multiplier
 
     def training_step(self, batch, batch_idx):
-        opt = self.optimizers()
-        opt.zero_grad()
-        loss = self.layer(batch[0].view(-1, 1)).pow(2).sum()
-        self.manual_backward(loss)
-        opt.step()
+        x = batch[0].view(-1).float()
+        r = 2.0 * (self.layer.weight.view(()) * x + self.layer.bias.view(()))  # d(w·x + c)²/d(w·x + c)
+        grads = {"weight": (r * x).detach().view(-1, 1, 1), "bias": r.detach().view(-1, 1)}
+        self.private_step(grads, max_freq=torch.ones(x.numel()))
         self.optimizer_steps += 1
-        record = StepRecord.from_spec(self.noise_spec, self.privacy_ledger.sampling.expected_batch_size)
-        self.privacy_ledger.charge(record, sample=(self.current_epoch, batch_idx))  # releases on one batch: one sample
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def on_save_checkpoint(self, checkpoint):
-        checkpoint["ledger"] = self.privacy_ledger.state_dict()
-        checkpoint["noise_spec"] = self.noise_spec.to_dict()  # σ's one home in this module's checkpoints
-
-    def on_load_checkpoint(self, checkpoint):
-        self.privacy_ledger.load_state_dict(checkpoint["ledger"])
-        self.sigma = checkpoint["noise_spec"]["noise_multiplier"]
+        return self.build_dp_optimizer(dict(self.layer.named_parameters()))
 
 
 class SpecDataModule(pl.LightningDataModule):

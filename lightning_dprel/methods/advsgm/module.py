@@ -28,6 +28,7 @@ from torchmetrics.classification import BinaryAUROC
 
 from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
+from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch, tuple_inputs
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
@@ -193,10 +194,11 @@ class DPSkipGramModule(PrivateModule):
     def _fit_generator_released(self, batch: TupleBatch) -> None:
         """Post-processing: the generator learns from the released tables and public ids only (never from E)."""
         hp, n, r = self.hparams, self.encoder.node_vectors.num_embeddings, self.encoder.dim
-        for s in range(int(hp.generator_steps)):
-            ids = self.noise_source.child("adversary", batch.step, "ids", s).randint(n, int(hp.generator_batch)).to(self.device)
-            noise = self._keyed_normal(batch, f"generator{s}", (ids.numel(), r))
-            self.generator.fit_released(self.node_vectors, self.context_vectors, ids, noise)
+        with public_update(self):  # reads released values and public ids only: no new release to charge
+            for s in range(int(hp.generator_steps)):
+                ids = self.noise_source.child("adversary", batch.step, "ids", s).randint(n, int(hp.generator_batch))
+                noise = self._keyed_normal(batch, f"generator{s}", (ids.numel(), r))
+                self.generator.fit_released(self.node_vectors, self.context_vectors, ids.to(self.device), noise)
 
     def _paper_step(self, batch: TupleBatch) -> None:
         """Algorithm 3 (the code): a positive update with ξ inside S (Eq. 24), then a negative update; no clipping."""

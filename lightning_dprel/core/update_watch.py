@@ -1,7 +1,7 @@
 """Parameters that moved without a charged release: detected every step, charged as unprotected (ε = ∞), refused.
 
 A DP-SGD fit's parameters may change only by a DP optimizer's step (whose release the ledger charges) or by an update
-declared public (:func:`public_update`: a warm start or an interleaved step on public data). The watch keeps the
+declared public (:func:`public_update`: a warm start or a step on public data, post-processing of released values). The watch keeps the
 parameters as they stood after the last such change and compares them at every batch end: any other movement (a plain
 optimizer, ``p.data -= …``, a module that fakes the facts it is asked for) is an update no private step charged.
 """
@@ -24,7 +24,8 @@ _WATCH = "_lightning_dprel_update_watch"
 
 @contextlib.contextmanager
 def public_update(module: nn.Module) -> Iterator[None]:
-    """Declare the body's parameter updates public (they read public data only); the watch takes them as the new base."""
+    """Declare the body's parameter updates public: they read public data or released values only (post-processing),
+    so no release is charged; the watch takes the parameters after them as its new base."""
     try:
         yield
     finally:
