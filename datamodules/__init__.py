@@ -5,10 +5,10 @@ A project with its own top-level ``datamodules`` package shadows this one; impor
 """
 
 from lightning_dprel.datamodules import (
-    DPDataLoader, DPDegreeCap, GraphPair, GraphSource, NodeSplitDataModule, PublicRelations, PyGSource, RelationalDataModule, choose_settings,
+    DPDataLoader, DPDegreeCap, GraphPair, LinkPredictionDataModule, GraphSource, NodeSplitDataModule, PublicRelations, PyGSource, RelationalDataModule, choose_settings,
     suggest_settings,
 )
 from lightning_dprel.datamodules import datasets
 
-__all__ = ["DPDataLoader", "GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "NodeSplitDataModule", "PublicRelations", "DPDegreeCap",
+__all__ = ["DPDataLoader", "LinkPredictionDataModule", "GraphPair", "GraphSource", "PyGSource", "RelationalDataModule", "NodeSplitDataModule", "PublicRelations", "DPDegreeCap",
            "choose_settings", "suggest_settings", "datasets"]

@@ -28,6 +28,7 @@ _LAZY = {
     "Accountant": "lightning_dprel.accounting",
     "PrivacyCallback": "lightning_dprel.callbacks",
     "DPDataLoader": "lightning_dprel.datamodules",
+    "LinkPredictionDataModule": "lightning_dprel.datamodules",
     "ValidationSelection": "lightning_dprel.callbacks",
     "RelationalDataModule": "lightning_dprel.datamodules",
     "GraphSource": "lightning_dprel.datamodules",

@@ -37,6 +37,7 @@ def _quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*(KeyedStream|DPDataLoader)\\(.*seed.*")
+        warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
         yield
 
 
@@ -255,7 +256,7 @@ def test_an_update_no_private_step_charged_stops_the_fit_and_reads_infinite_epsi
     (TwoOptimizers(8, 2), None, {}, ValueError, "uses manual optimization"),
     (plain.MLPClassifier(8, 2), None, {"accumulate_grad_batches": 2}, ValueError, "accumulate_grad_batches=2"),
     (plain.MLPClassifier(8, 2), DataLoader(TensorDataset(*_data()), batch_size=60, shuffle=True), {}, ValueError,
-     "needs a SamplingSpec .* DPDataLoader"),
+     r"needs the training data from a Poisson sampler it can account, got DataLoader. Use DPDataLoader"),
 ])
 def test_what_cannot_be_proven_is_refused_before_the_first_step(model, loader, trainer_kwargs, error, match):
     start = [p.detach().clone() for p in model.parameters()]
@@ -286,3 +287,36 @@ def test_dp_data_loader_keeps_each_row_at_rate_q_and_never_repeats_a_sample():
     assert len(sizes) == 50 and abs(sum(sizes) / 50 - 60.0) < 6.0  # E|B| = b
     assert len(seen) == 50  # 50 distinct samples: no draw repeated across epochs
     assert loader.sampling_spec.privacy_unit == "example" and loader.sampling_spec.sampling_rate == pytest.approx(0.1)
+
+
+class StatesFacts(DataLoader):
+    """A shuffled loader that states the facts of a Poisson sampler it is not."""
+
+    example_view = None
+
+    @property
+    def sampling_spec(self):
+        return _loader().sampling_spec
+
+
+def test_a_loader_that_states_poisson_facts_it_does_not_implement_is_refused():
+    from lightning_dprel.core.example_views import TensorRows
+
+    loader = StatesFacts(TensorDataset(*_data()), batch_size=60, shuffle=True)
+    loader.example_view = TensorRows()
+    with pytest.raises(ValueError, match="needs the training data from a Poisson sampler it can account, got StatesFacts"):
+        _trainer(PrivacyCallback(delta=1e-5, clip_norm=1.0, noise_multiplier=1.0)).fit(plain.MLPClassifier(8, 2), loader)
+
+
+def test_empty_poisson_samples_still_release_noise_and_a_scheduler_keeps_working():
+    class Scheduled(plain.MLPClassifier):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.5)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
+
+    model = Scheduled(8, 2)
+    cb = PrivacyCallback(delta=1e-5, clip_norm=1.0, noise_multiplier=1.0)
+    trainer = _trainer(cb, max_epochs=2)
+    trainer.fit(model, _loader(200, 0.5))  # b = 0.5: most samples are empty
+    assert cb.steps == trainer.global_step == 800
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.125)  # stepped once per epoch, 0.5 → 0.125

@@ -15,7 +15,7 @@ from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.specs import SamplingSpec
 
-__all__ = ["privacy_layer", "loader_facts", "watch_updates", "close_layer", "saved_ledger_of"]
+__all__ = ["privacy_layer", "sampler_facts", "watch_updates", "close_layer", "saved_ledger_of"]
 
 
 def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], noise_multiplier: Optional[float],
@@ -42,25 +42,25 @@ def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], n
     return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma, saved_ledger=saved_ledger)
 
 
-def train_loader_fact(trainer: Any, name: str, kind: type) -> Any:
-    """``name`` from the datamodule, else from the training loader (a DPDataLoader states its spec and view)."""
+def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
+    """The SamplingSpec and example view of the training data, from a sampler of the library's only (a plain loader
+    that states them would be trusted for a sampling it does not do)."""
+    from lightning_dprel.core.datamodule import PrivateDataModule
+    from lightning_dprel.datamodules.poisson import DPDataLoader
+
     dm = trainer.datamodule
-    found = getattr(dm, name, None) if dm is not None else None
-    if isinstance(found, kind):
-        return found
+    if isinstance(dm, PrivateDataModule) and isinstance(getattr(dm, "example_view", None), ExampleView):
+        return dm.sampling_spec, dm.example_view
     loaders = trainer.train_dataloader
-    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-    for loader in loaders:
-        found = getattr(loader, name, None)
-        if isinstance(found, kind):
-            return found
-    return None
-
-
-def loader_facts(trainer: Any, explicit: Optional[SamplingSpec] = None) -> tuple[Optional[SamplingSpec], Optional[ExampleView]]:
-    """The training data's SamplingSpec (``explicit`` if given) and example view (None where none is stated)."""
-    spec = explicit if explicit is not None else train_loader_fact(trainer, "sampling_spec", SamplingSpec)
-    return spec, train_loader_fact(trainer, "example_view", ExampleView)
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        if isinstance(loader, DPDataLoader):
+            return loader.sampling_spec, loader.example_view
+    found = type(loaders).__name__ if dm is None else f"datamodule {type(dm).__name__}"
+    raise ValueError(
+        f"PrivacyCallback needs the training data from a Poisson sampler it can account, got {found}. Use "
+        "DPDataLoader(dataset, batch_size=b) (rows; was DataLoader(..., shuffle=True)), LinkPredictionDataModule "
+        "(a PyG link predictor) or NodeSplitDataModule(as_pyg_batches=True) (a PyG GNN)."
+    )
 
 
 def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:

@@ -86,10 +86,10 @@ def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
 def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:
     datamodule = trainer.datamodule
     found = getattr(datamodule, "sampling_spec", None) if datamodule is not None else None
-    if found is None and trainer.train_dataloader is not None:  # a DPDataLoader states its own
-        from lightning_dprel.callbacks.attach import loader_facts
-
-        found = loader_facts(trainer)[0]
+    if found is None:  # a DPDataLoader states its own
+        loaders = trainer.train_dataloader
+        found = next((getattr(x, "sampling_spec") for x in (loaders if isinstance(loaders, (list, tuple)) else [loaders])
+                      if isinstance(getattr(x, "sampling_spec", None), SamplingSpec)), None)
     if found is not None and not isinstance(found, SamplingSpec):
         raise TypeError(
             f"`trainer.datamodule.sampling_spec` must be a lightning_dprel.core.specs.SamplingSpec, got "

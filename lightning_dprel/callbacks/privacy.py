@@ -31,7 +31,7 @@ from lightning_dprel.callbacks.checks import (
 )
 from lightning_dprel.core.checks import positive_finite
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
-from lightning_dprel.callbacks.attach import close_layer, loader_facts, privacy_layer, saved_ledger_of, watch_updates
+from lightning_dprel.callbacks.attach import close_layer, privacy_layer, sampler_facts, saved_ledger_of, watch_updates
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -176,7 +176,7 @@ class PrivacyCallback(Callback):
             return
         layer = self._layer
         if layer is not pl_module:
-            layer.prepare(*loader_facts(trainer, self._sampling_arg))
+            layer.prepare(*sampler_facts(trainer))
         sampling, noise = self._read_facts(trainer, layer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check

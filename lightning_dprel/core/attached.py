@@ -126,15 +126,8 @@ class AttachedDPSGD:
     def set_noise_multiplier(self, sigma: float) -> None:
         self.dp.set_noise_multiplier(float(sigma))
 
-    def prepare(self, sampling: SamplingSpec | None, view: ExampleView | None) -> None:
-        """Take the loader's sampling, its example view and the unit's mechanism; refuse mixing layers (before step 1)."""
-        if sampling is None:
-            return  # the privacy callback names what is missing
-        if not isinstance(view, ExampleView):
-            raise ValueError(
-                "The training loader states no example view: use lightning_dprel's DPDataLoader (Poisson rows), "
-                "LinkPredictionDataModule (coupled edge tuples) or NodeSplitDataModule(as_pyg_batches=True) (subgraphs)."
-            )
+    def prepare(self, sampling: SamplingSpec, view: ExampleView) -> None:
+        """Take the sampler's spec, its example view and the unit's mechanism; refuse mixing layers (before step 1)."""
         refuse_mixing_layers(self.module, sampling.privacy_unit)
         mechanism = default_mechanism(sampling.privacy_unit)
         if self.dp.noise_spec.accounting != mechanism:

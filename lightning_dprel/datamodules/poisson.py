@@ -101,6 +101,10 @@ class DPDataLoader(DataLoader):
         super().__init__(self.batches, batch_size=None, pin_memory=pin_memory)
         self.example_view = TensorRows()
 
+    def __len__(self) -> int:
+        """Steps per epoch, ⌈N/b⌉ (no workers split the stream, so torch's length caveat does not apply)."""
+        return len(self.batches)
+
     @property
     def sampling_spec(self) -> SamplingSpec:
         """What the accountant charges: Poisson rate q = b/N over N examples, one per unit (K = 1, no negatives)."""
