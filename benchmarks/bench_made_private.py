@@ -225,7 +225,8 @@ def _instrumented(prof: _Profiler):
             setattr(obj, name, fn)
 
 
-def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler | None = None) -> _StepClock:
+def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler | None = None,
+        per_example: str = "vmap") -> _StepClock:
     """One fit of ``warmup + steps`` training steps; the clock holds the timed steps."""
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader
@@ -239,7 +240,7 @@ def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler |
     start, end = clock.callbacks()
     if private:
         loader = DPDataLoader(data, batch_size=b)
-        callbacks = [start, PrivacyCallback(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5), end]
+        callbacks = [start, PrivacyCallback(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, per_example=per_example), end]
     else:
         loader = DataLoader(data, batch_size=b, shuffle=True)
         callbacks = [start, end]
@@ -252,59 +253,6 @@ def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler |
         privacy = next(c for c in trainer.callbacks if isinstance(c, PrivacyCallback))
         assert privacy.steps == warmup + steps, "every step should be a charged private step"
     return clock
-
-
-def ghost_what_if(task: str, reps: int) -> dict:
-    """The MLP's per-example clipped sum on one batch: vmap (what the attached layer runs) vs ghost clipping +
-    book-keeping (:func:`~lightning_dprel.grad_sample.ghost.ghost_grads`, the relational path's default), alternated."""
-    import torch.nn.functional as F
-    from torch import nn
-
-    from lightning_dprel.core.example_views import TensorRows
-    from lightning_dprel.grad_sample.ghost import ghost_grads
-    from lightning_dprel.grad_sample.user_step import user_step_grads
-
-    make, data, b = _task(task)
-    torch.manual_seed(0)
-    model = make()
-    batch = data.tensors[0][:b], data.tensors[1][:b]
-    params = dict(model.named_parameters())
-
-    class Rows(nn.Module):  # the module's net, each row on its own: declared so for the ghost path
-        ghost_safe = True
-
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def forward(self, x):
-            return self.net(x)
-
-    enc = Rows(model.net)
-    enc_params = {f"net.{n[4:]}": p for n, p in params.items()}
-
-    def clipped(grads) -> dict:
-        factors = (1.0 / grads.norms().clamp_min(1e-12)).clamp(max=1.0)  # C = 1
-        return grads.weighted_sum(factors)
-
-    def by_vmap():
-        return clipped(user_step_grads(model, model.training_step, TensorRows(), batch, 0, params).grads)
-
-    def by_ghost():
-        res = ghost_grads(enc, {"x": batch[0][:, None]}, lambda h, y: F.cross_entropy(h[:, 0], y, reduction="none"),
-                          (batch[1],), params=enc_params)
-        return {f"net.{n[4:]}": t for n, t in clipped(res.grads).items()}
-
-    want, got = by_vmap(), by_ghost()
-    diff = max(float((want[n] - got[n]).abs().max() / want[n].abs().max()) for n in want)
-    times = {"vmap": [], "ghost": []}
-    for _ in range(reps):
-        for name, fn in (("vmap", by_vmap), ("ghost", by_ghost)):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {"vmap_clip_sum_ms": _median_ms(times["vmap"]), "ghost_clip_sum_ms": _median_ms(times["ghost"]),
-            "max_rel_diff": diff}
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -336,10 +284,12 @@ def main() -> None:
     record = {"device": where, "torch": torch.__version__, "threads": args.threads, "quick": args.quick,
               "rounds": rounds, "warmup_steps": warmup, "load_average_start": load[0], "models": {}}
     for task in args.models.split(","):
-        runs = {False: [], True: []}
+        runs = {False: [], True: [], "ghost": []}
         for r in range(rounds):
             for private in ((False, True) if r % 2 == 0 else (True, False)):
                 runs[private].append(fit(task, private, steps[task], warmup))
+            if task == "mlp":  # every trainable parameter is a Linear's: ghost clipping is exact (per_example="ghost")
+                runs["ghost"].append(fit(task, True, steps[task], warmup, per_example="ghost"))
         prof = _Profiler()
         shimmed = fit(task, True, steps[task], warmup, profiler=prof)
         plain_ms = _median_ms([s for c in runs[False] for s in c.steps])
@@ -350,7 +300,11 @@ def main() -> None:
         shim_total = _median_ms(shimmed.steps)
         parts["rest"] = max(shim_total - sum(parts.values()), 0.0)
         ratio = priv_ms / plain_ms
-        what_if = ghost_what_if(task, 5 if args.quick else 15) if task == "mlp" else None
+        ghost = None
+        if runs["ghost"]:
+            ghost_ms = _median_ms([s for c in runs["ghost"] for s in c.steps])
+            ghost = {"private_step_ms": ghost_ms, "ratio": ghost_ms / plain_ms,
+                     "ratio_per_round": [_median_ms(g.steps) / _median_ms(n.steps) for n, g in zip(runs[False], runs["ghost"])]}
         print(f"{LABELS[task]}: {steps[task]} timed steps a fit")
         print(f"  non-private step {plain_ms:8.2f} ms   private step {priv_ms:8.2f} ms   ratio {ratio:.2f} "
               f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")
@@ -360,21 +314,15 @@ def main() -> None:
         for key, ms in parts.items():
             label = PARTS.get(key, "rest: Lightning's loop, zero_grad, the user's step glue")
             print(f"    {label:<55} {ms:7.2f} ms  {100 * ms / shim_total:5.1f} %")
-        if what_if:
-            # relative quantities only (the load drifts between fits): the share of the step that vmap + clip take
-            # (breakdown fit) shrinks by ghost/vmap (measured side by side)
-            share = (parts["vmap"] + parts["clip"]) / shim_total
-            speedup = what_if["ghost_clip_sum_ms"] / what_if["vmap_clip_sum_ms"]
-            what_if["projected_ratio"] = ratio * (1.0 - share * (1.0 - speedup))
-            print(f"  what if: per-example clipped sum of one batch, vmap {what_if['vmap_clip_sum_ms']:.2f} ms vs ghost "
-                  f"clipping + book-keeping {what_if['ghost_clip_sum_ms']:.2f} ms (max rel diff {what_if['max_rel_diff']:.1e}); "
-                  f"the step with ghost in place of vmap + clip would be ≈ {what_if['projected_ratio']:.2f}× non-private")
+        if ghost:
+            print(f"  per_example='ghost' (Linear layers on rows, exact): private step {ghost['private_step_ms']:8.2f} ms   "
+                  f"ratio {ghost['ratio']:.2f} (per round {', '.join(f'{x:.2f}' for x in ghost['ratio_per_round'])})")
         record["models"][task] = {
             "label": LABELS[task], "timed_steps_per_fit": steps[task],
             "nonprivate_step_ms": plain_ms, "private_step_ms": priv_ms, "ratio": ratio, "ratio_per_round": per_round,
             "loop_period_ms": {"nonprivate": period[False], "private": period[True]},
             "breakdown_ms": parts, "breakdown_fit_step_ms": shim_total, "breakdown_labels": PARTS,
-            "ghost_what_if": what_if,
+            "ghost": ghost,
         }
         print()
     record["load_average_end"] = os.getloadavg()[0]

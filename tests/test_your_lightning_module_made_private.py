@@ -136,15 +136,16 @@ def _released_sums(monkeypatch, batch, model, cb):
     return torch.cat([t.reshape(-1) for t in seen[-1].values()])
 
 
+@pytest.mark.parametrize("per_example", ["vmap", "ghost"])
 @pytest.mark.parametrize("clip", [0.05, 1.0])
-def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, clip):
+def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, clip, per_example):
     torch.manual_seed(1)
     model = plain.MLPClassifier(8, 2)
-    cb = PrivacyCallback(delta=1e-5, clip_norm=clip, noise_multiplier=1.0)
+    cb = PrivacyCallback(delta=1e-5, clip_norm=clip, noise_multiplier=1.0, per_example=per_example)
     _trainer(cb, max_steps=1).fit(model, _loader())
     x, y = _data(40)
     moves = []
-    for j in range(0, 40, 7):
+    for j in range(0, 40, 13):
         keep = torch.arange(40) != j
         full = _released_sums(monkeypatch, [x, y], model, cb)
         without = _released_sums(monkeypatch, [x[keep], y[keep]], model, cb)
@@ -179,6 +180,20 @@ def test_resume_continues_epsilon_and_draws_fresh_noise(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- refusals
+class WithLayerNorm(plain.MLPClassifier):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+
+
+class WithSoftmaxLayer(plain.MLPClassifier):
+    """A leaf layer ghost clipping does not know (Softmax over dim 0 would mix rows)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=-1), nn.Linear(16, 2))
+
+
 class FakeFacts(plain.MLPClassifier):
     """Issue 33's stage-4 reproduction: the facts the callback used to ask for, stated by hand, training non-privately."""
 
@@ -320,3 +335,28 @@ def test_empty_poisson_samples_still_release_noise_and_a_scheduler_keeps_working
     trainer.fit(model, _loader(200, 0.5))  # b = 0.5: most samples are empty
     assert cb.steps == trainer.global_step == 800
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.125)  # stepped once per epoch, 0.5 → 0.125
+
+
+# ---------------------------------------------------------------------- ghost clipping (opt-in, Linear rows)
+def test_ghost_clipping_releases_the_same_clipped_sum_as_vmap(monkeypatch):
+    """per_example="ghost" (every trainable parameter a Linear's, rows as examples) is exact: same sum as vmap."""
+    x, y = _data(50)
+    sums = []
+    for per_example in ("vmap", "ghost"):
+        torch.manual_seed(3)
+        model = plain.MLPClassifier(8, 2)
+        cb = PrivacyCallback(delta=1e-5, clip_norm=0.3, noise_multiplier=1.0, per_example=per_example)
+        _trainer(cb, max_steps=1, enable_model_summary=False).fit(model, _loader())
+        torch.manual_seed(3)
+        model.load_state_dict(plain.MLPClassifier(8, 2).state_dict())
+        sums.append(_released_sums(monkeypatch, [x, y], model, cb))
+    torch.testing.assert_close(sums[0], sums[1], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model,match", [
+    (WithLayerNorm(8, 2), r"the trainable parameter `net.1.weight` is not an nn.Linear's"),
+    (WithSoftmaxLayer(8, 2), r"`net.1` \(Softmax\) is not a row-wise layer"),
+])
+def test_ghost_is_refused_where_it_is_not_exact(model, match):
+    with pytest.raises(ValueError, match=match):
+        _trainer(PrivacyCallback(delta=1e-5, clip_norm=1.0, per_example="ghost")).fit(model, _loader())

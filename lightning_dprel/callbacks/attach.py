@@ -15,11 +15,24 @@ from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.specs import SamplingSpec
 
-__all__ = ["privacy_layer", "sampler_facts", "watch_updates", "close_layer", "saved_ledger_of"]
+__all__ = ["attach_arguments", "privacy_layer", "sampler_facts", "watch_updates", "close_layer", "saved_ledger_of"]
+
+
+def attach_arguments(clip_norm: Optional[float], noise_multiplier: Optional[float],
+                     per_example: str) -> tuple[Optional[float], Optional[float], str]:
+    """The callback's arguments for a plain LightningModule, checked: C, σ and how per-example gradients are taken."""
+    from lightning_dprel.core.attached import PER_EXAMPLE
+    from lightning_dprel.core.checks import positive_finite
+
+    if per_example not in PER_EXAMPLE:
+        raise ValueError(f"`per_example` must be one of {PER_EXAMPLE}, got {per_example!r}.")
+    clip_norm = None if clip_norm is None else positive_finite("clip_norm", clip_norm, "e.g. clip_norm=1.0")
+    sigma = None if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, "e.g. 1.0")
+    return clip_norm, sigma, per_example
 
 
 def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], noise_multiplier: Optional[float],
-                  saved_ledger: Optional[dict]) -> Any:
+                  per_example: str = "vmap", saved_ledger: Optional[dict] = None) -> Any:
     """``pl_module`` if it is a lightning_dprel model, else the DP-SGD layer attached to it (its optimizer wrapped)."""
     from lightning_dprel.core.ledger_module import LedgerModule
 
@@ -39,7 +52,8 @@ def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], n
             "example's gradient norm), e.g. PrivacyCallback(target_epsilon=8.0, clip_norm=1.0, calibrate=True)."
         )
     sigma = noise_multiplier if noise_multiplier is not None else 1.0  # calibrate=True replaces it
-    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma, saved_ledger=saved_ledger)
+    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma, per_example=per_example,
+                         saved_ledger=saved_ledger)
 
 
 def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:

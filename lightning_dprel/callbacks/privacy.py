@@ -29,9 +29,8 @@ from lightning_dprel.callbacks.checks import (
     ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps,
     check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
 )
-from lightning_dprel.core.checks import positive_finite
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
-from lightning_dprel.callbacks.attach import close_layer, privacy_layer, sampler_facts, saved_ledger_of, watch_updates
+from lightning_dprel.callbacks.attach import attach_arguments, close_layer, privacy_layer, sampler_facts, saved_ledger_of, watch_updates
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -61,8 +60,8 @@ class PrivacyCallback(Callback):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for projects without a datamodule
             that exposes one; if both exist they must be equal.
         orders: Rényi orders for the accountant (default: the accountant's).
-        clip_norm: C for a plain LightningModule (required there; a lightning_dprel model has its own).
-        noise_multiplier: σ for a plain LightningModule (default 1.0; ``calibrate=True`` replaces it).
+        clip_norm, noise_multiplier, per_example: for a plain LightningModule, C (required), σ (default 1.0;
+            ``calibrate=True`` replaces it) and ``"vmap"`` (default, any module) or ``"ghost"`` (Linear layers on rows).
 
     Attributes:
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
@@ -94,16 +93,16 @@ class PrivacyCallback(Callback):
         orders: Optional[Sequence[float]] = None,
         clip_norm: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
+        per_example: str = "vmap",
     ) -> None:
         super().__init__()
         target_epsilon, delta = check_arguments(target_epsilon, delta, mechanism, calibrate, sampling_spec)
         self.target_epsilon = target_epsilon
         self.calibrate = calibrate
-        self.clip_norm = None if clip_norm is None else positive_finite("clip_norm", clip_norm, "e.g. clip_norm=1.0")
-        self._sigma_arg = None if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, "e.g. 1.0")
+        self.clip_norm, self._sigma_arg, self._per_example = attach_arguments(clip_norm, noise_multiplier, per_example)
         self._layer: Any = None  # the module (a lightning_dprel model) or the DP-SGD layer attached to it
         self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
-        self._saved_ledger: Optional[dict] = None
+        self._saved_ledger: Optional[dict] = None  # an attached layer's, from the checkpoint
         self.orders = None if orders is None else tuple(float(a) for a in orders)
         self._delta_arg = delta
         self._mechanism_arg = mechanism
@@ -156,7 +155,7 @@ class PrivacyCallback(Callback):
         planner = getattr(pl_module, "planned_releases", None)
         if not callable(planner) or planner() is None:
             self._layer = privacy_layer(trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
-                                        saved_ledger=self._saved_ledger)
+                                        per_example=self._per_example, saved_ledger=self._saved_ledger)
             return
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)
