@@ -100,4 +100,5 @@ def saved_ledger_of(pl_module: Any, checkpoint: dict) -> Optional[dict]:
     """The ledger a checkpoint saved for an attached layer (a lightning_dprel model restores its own)."""
     from lightning_dprel.core.ledger_module import LedgerModule
 
-    return None if isinstance(pl_module, LedgerModule) else checkpoint.get(LEDGER_KEY)
+    state = None if isinstance(pl_module, LedgerModule) else checkpoint.get(LEDGER_KEY)
+    return None if state is None else state["ledger"]

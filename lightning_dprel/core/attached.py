@@ -219,7 +219,8 @@ class AttachedDPSGD:
 
     # --- checkpoints and teardown ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return self.privacy_ledger.state_dict()
+        """What the checkpoint keeps under the ledger layer's key (as a lightning_dprel model's: ``{"ledger": …}``)."""
+        return {"ledger": self.privacy_ledger.state_dict()}
 
     def detach(self) -> None:
         """Give the module its own ``training_step`` and ``backward`` back (the ledger stays readable here)."""
