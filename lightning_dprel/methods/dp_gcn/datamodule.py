@@ -12,6 +12,14 @@ does not hold; a warning says so.
 Evaluation (val/test) runs on the whole graph with every node's features and edges: it is outside the guarantee,
 which covers the training steps only (the released model).
 
+Your own GNN (``as_pyg_batches=True``, provable mode only): each training batch is a PyG ``Batch`` of the sampled
+subgraphs, each a ``Data(x, edge_index, y, train_mask)`` (local ids; ``train_mask`` = the example's loss mask), and
+val/test batches are the whole graph as one ``Data`` with its three masks, so a plain LightningModule's steps run
+unchanged; :attr:`example_view` (:class:`~lightning_dprel.core.example_views.SubgraphGraphs`) tells the privacy callback
+that one subgraph is one example (one backward each). A sampled subgraph with no node is left out of the ``Batch``
+(gradient 0, as :class:`DPNodeModule` gives it); an empty sample is a ``Batch`` with ``num_graphs == 0`` (a real step:
+the noise is still released).
+
 The mapping to the accountant's :class:`~lightning_dprel.core.specs.SamplingSpec`: one subgraph = one "node" with no
 relations of its own, K = 1, k = 0, s examples, rate q, b = q·s — the per-example Poisson-subsampled Gaussian our
 coupled accountant reduces to (tested against dp-accounting); the replace-one bound is built on it.
@@ -21,12 +29,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from lightning_dprel.core.batch import ExampleBatch
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
+from lightning_dprel.core.example_views import SubgraphGraphs
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import SamplingSpec
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
@@ -46,7 +56,7 @@ class NodeSplitDataModule(SteppedDataModule):
 
     def __init__(self, source: NodeSource, *, num_splits: int = 10, sampling_rate: float | None = None, mode: str = "provable",
                  full_graph_forward: bool = False, split_seed: int = 0, sampling_seed: int | None = None,
-                 allow_row_ids: bool = False) -> None:
+                 allow_row_ids: bool = False, as_pyg_batches: bool = False) -> None:
         """Check and keep the options; the graph is loaded and split in :meth:`setup`.
 
         Args:
@@ -61,6 +71,9 @@ class NodeSplitDataModule(SteppedDataModule):
                 otherwise: rows move when a node is removed).
             sampling_seed: None (default): the split key and the batches come from a secret keyed stream. An int makes them
                 reproducible and voids the guarantee (a warning says so).
+            as_pyg_batches: batches for your own LightningModule under ``PrivacyCallback`` (provable mode only): training
+                batches are PyG ``Batch``es of subgraph ``Data(x, edge_index, y, train_mask)``, val/test the whole graph
+                as one ``Data`` with ``train_mask``, ``val_mask``, ``test_mask``; :attr:`example_view` is set.
         """
         super().__init__()
         if not isinstance(source, NodeSource):
@@ -74,6 +87,13 @@ class NodeSplitDataModule(SteppedDataModule):
             raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
         if full_graph_forward and mode != "paper_faithful":
             raise ValueError("`full_graph_forward=True` reproduces the published pipeline and breaks the guarantee: it needs mode='paper_faithful'.")
+        if as_pyg_batches and mode != "provable":
+            raise ValueError(
+                "`as_pyg_batches=True` makes your own module private under PrivacyCallback, which charges the provable "
+                "'subgraph_replace' accountant (keyed split, Poisson-sampled subgraphs); the paper-faithful pipeline (an "
+                "equal-size split, a fixed order of lots) does not satisfy it, so that ε would not hold. Use "
+                "mode='provable', or DPNodeModule to reproduce the published pipeline."
+            )
         if sampling_seed is not None:
             self.warn_seeded(f"NodeSplitDataModule(sampling_seed={sampling_seed})")
         if mode == "paper_faithful":
@@ -85,6 +105,9 @@ class NodeSplitDataModule(SteppedDataModule):
         self.source, self.num_splits, self.sampling_rate, self.mode = source, num_splits, q, mode
         self.full_graph_forward, self.split_seed = bool(full_graph_forward), int(split_seed)
         self.allow_row_ids = bool(allow_row_ids)
+        self.as_pyg_batches = bool(as_pyg_batches)
+        if self.as_pyg_batches:
+            self.example_view = SubgraphGraphs()  # the privacy callback's per-example split: one subgraph each
         self.stream = KeyedStream("node-batches", seed=sampling_seed, _warn=False)
         self.data = None
         self._step = 0
@@ -166,14 +189,33 @@ class NodeSplitDataModule(SteppedDataModule):
         start = (step * lot) % s
         return [int(self._order[(start + i) % s]) for i in range(lot)]
 
-    def next_batch(self) -> ExampleBatch:
-        """Step ``_step``'s sampled subgraph examples, each ``(x, edge_index, y, loss_mask)`` local to its own ``x``."""
+    def next_batch(self) -> Any:
+        """Step ``_step``'s sampled subgraph examples, each ``(x, edge_index, y, loss_mask)`` local to its own ``x``
+        (with ``as_pyg_batches``: a PyG ``Batch`` of them, :meth:`pyg_batch`)."""
         self._require()
         step, self._step = self._step, self._step + 1
         chosen = self.sampled(step)
         chosen = self.rank_share(chosen)  # the sum is all-reduced by the DP optimizer
+        if self.as_pyg_batches:
+            return self.pyg_batch(chosen)
         return ExampleBatch(examples=[self.example(j) for j in chosen], expected_batch_size=self.sampling_rate * self.num_splits,
                             step=step)
+
+    def pyg_batch(self, chosen: list[int]) -> Any:
+        """Subgraphs ``chosen`` as one PyG ``Batch`` of ``Data(x, edge_index, y, train_mask)``; a subgraph with no node to
+        fit is left out (gradient 0); none left: an empty ``Batch`` (``num_graphs == 0``, the graph's feature width)."""
+        from torch_geometric.data import Batch, Data
+
+        graphs = []
+        for j in chosen:
+            x, edge_index, y, mask = self.example(j)
+            if bool(mask.any()):
+                graphs.append(Data(x=x, edge_index=edge_index, y=y, train_mask=mask))
+        if graphs:
+            return Batch.from_data_list(graphs)
+        d, none = self.data, torch.zeros(0, dtype=torch.long)
+        return Batch(x=d.x[:0], edge_index=d.edge_index[:, :0], y=d.y[:0], train_mask=torch.zeros(0, dtype=torch.bool),
+                     batch=none, ptr=torch.zeros(1, dtype=torch.long))
 
     # --- loaders -------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -182,6 +224,12 @@ class NodeSplitDataModule(SteppedDataModule):
     def _eval(self, mask_name: str) -> DataLoader:
         self._require()
         d = self.data
+        if self.as_pyg_batches:  # the whole graph with its public masks, as a plain PyG project's loaders give it
+            from torch_geometric.data import Data
+
+            graph = Data(x=d.x, edge_index=d.edge_index, y=d.y, train_mask=d.train_mask, val_mask=d.val_mask,
+                         test_mask=d.test_mask)
+            return DataLoader([graph], batch_size=None, collate_fn=lambda b: b)
         return DataLoader([NodeEvalBatch(d.x, d.edge_index, d.y, getattr(d, mask_name))], batch_size=None, collate_fn=lambda b: b)
 
     def val_dataloader(self) -> DataLoader:
