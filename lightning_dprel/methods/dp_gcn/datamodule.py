@@ -36,7 +36,6 @@ from torch.utils.data import DataLoader
 
 from lightning_dprel.core.batch import ExampleBatch
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
-from lightning_dprel.core.example_views import SubgraphGraphs
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import SamplingSpec
 from lightning_dprel.datamodules.datasets.nodes import NodeSource, stable_node_ids
@@ -107,6 +106,8 @@ class NodeSplitDataModule(SteppedDataModule):
         self.allow_row_ids = bool(allow_row_ids)
         self.as_pyg_batches = bool(as_pyg_batches)
         if self.as_pyg_batches:
+            from lightning_dprel.core.example_views import SubgraphGraphs
+
             self.example_view = SubgraphGraphs()  # the privacy callback's per-example split: one subgraph each
         self.stream = KeyedStream("node-batches", seed=sampling_seed, _warn=False)
         self.data = None
