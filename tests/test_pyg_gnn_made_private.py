@@ -164,7 +164,7 @@ def runs():
 def test_plain_gcn_trains_privately_and_epsilon_is_the_subgraph_replace_accountants(runs):
     data, _, (model, trainer), _ = runs[0]
     cb = _privacy(trainer)
-    ledger = cb._layer.privacy_ledger  # the attached DP-SGD layer's ledger (saved in checkpoints under "lightning_dprel")
+    ledger = cb.ledger  # the attached DP-SGD layer's ledger (saved in checkpoints under "lightning_dprel")
     (segment,) = ledger.segments
     spec = trainer.datamodule.sampling_spec
     assert segment.mechanism == cb.mechanism == "subgraph_replace" and segment.sampling == spec

@@ -236,7 +236,7 @@ def test_node_texts_are_refused_with_the_fix_named():
 def test_the_private_project_trains_under_the_entity_unit_and_epsilon_is_theorem_c1s(runs):
     for run in runs:
         cb, trainer, spec = run["cb"], run["trainer"], run["dm"].sampling_spec
-        (segment,) = cb._layer.privacy_ledger.segments  # the attached DP-SGD layer's ledger
+        (segment,) = cb.ledger.segments  # the attached DP-SGD layer's ledger
         assert spec.privacy_unit == "entity" and segment.unit == "entity" and segment.sampling == spec
         assert (segment.mechanism, segment.clipping, segment.clip_norm) == ("standard", "standard", 1.0)
         assert segment.steps == trainer.global_step == 5 * spec.steps_per_epoch

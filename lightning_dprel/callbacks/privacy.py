@@ -104,12 +104,9 @@ class PrivacyCallback(Callback):
         self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
         self._saved_ledger: Optional[dict] = None  # an attached layer's, from the checkpoint
         self.orders = None if orders is None else tuple(float(a) for a in orders)
-        self._delta_arg = delta
-        self._mechanism_arg = mechanism
-        self._sampling_arg = sampling_spec
+        self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
 
-        self.mechanism: Optional[str] = mechanism
-        self.delta: Optional[float] = delta
+        self.mechanism, self.delta = mechanism, delta
         self.noise_multiplier: Optional[float] = None
         self.stopped_step: Optional[int] = None
         self.summary: Optional[str] = None
@@ -124,11 +121,14 @@ class PrivacyCallback(Callback):
 
     # ------------------------------------------------------------------ public read-outs
     @property
+    def ledger(self) -> Optional[PrivacyLedger]:
+        """The model's ledger: every release it made (an attached layer's for a plain LightningModule)."""
+        return self._ledger
+
+    @property
     def accountant(self) -> Optional[Accountant]:
         """An accountant over every private step of the model's ledger."""
-        if self._ledger is None:
-            return None
-        return self._ledger.accountant(mechanism=self.mechanism, orders=self.orders)
+        return None if self._ledger is None else self._ledger.accountant(mechanism=self.mechanism, orders=self.orders)
 
     @property
     def epsilon(self) -> float:

@@ -93,7 +93,10 @@ class DPNodeModule(PrivateModule):
 
     def training_step(self, batch: ExampleBatch, batch_idx: int) -> None:
         if not isinstance(batch, ExampleBatch):
-            raise TypeError(f"training_step expects an ExampleBatch (from NodeSplitDataModule), got {type(batch).__name__}.")
+            raise TypeError(
+                f"training_step expects an ExampleBatch (from NodeSplitDataModule without as_pyg_batches), got "
+                f"{type(batch).__name__}. as_pyg_batches=True is for your own LightningModule with PrivacyCallback."
+            )
         self.private_step(self.per_example(batch), max_freq=None, batch=batch)
 
     def _evaluate(self, batch: NodeEvalBatch, prefix: str) -> dict[str, float]:
