@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from lightning_dprel.core.checks import check_int
@@ -45,6 +45,8 @@ class PoissonSampledBatches(IterableDataset):
             raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, N = {self.num_examples}], got {b}.")
         self.expected_batch_size, self.sampling_rate = b, b / self.num_examples
         self.draws = 0  # samples drawn so far: the stream's path, so no (key, path) pair is ever drawn twice
+        fast = isinstance(dataset, TensorDataset) and collate_fn is default_collate
+        self.rows_of = (lambda idx: [t[idx] for t in dataset.tensors]) if fast else None
 
     def __len__(self) -> int:
         return math.ceil(1.0 / self.sampling_rate)
@@ -57,9 +59,11 @@ class PoissonSampledBatches(IterableDataset):
         for _ in range(len(self)):
             draw, self.draws = self.draws, self.draws + 1
             rank, world = _world()
-            rows = self.indices(draw)[rank::world].tolist()
-            if rows:
-                yield self.collate_fn([self.dataset[i] for i in rows])
+            rows = self.indices(draw)[rank::world]
+            if self.rows_of is not None:  # a TensorDataset with the default collate: index its tensors at once
+                yield self.rows_of(rows)
+            elif rows.numel():
+                yield self.collate_fn([self.dataset[i] for i in rows.tolist()])
             else:  # an empty sample is a real step: noise is still released
                 yield empty_like_rows(self.collate_fn([self.dataset[0]]))
 

@@ -59,11 +59,11 @@ class LinearRowGrads(TupleGradients):
         return (self.scale * total.sqrt()).to(torch.float32)
 
     def weighted_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        out = {}
+        out, dropped = {}, bool((factors == 0).any())
         for prefix, (layer, a, g) in self.rows.items():
             w = (factors.to(g.dtype) * self.scale).unsqueeze(1)
             gw = g * w
-            if not bool(torch.isfinite(gw).all() and torch.isfinite(a).all()):  # a dropped example adds exactly 0
+            if dropped:  # a dropped example (non-finite norm, factor 0) adds exactly 0, even if non-finite
                 keep = (factors != 0).unsqueeze(1)
                 gw = torch.where(keep, gw, torch.zeros_like(gw))
                 a = torch.where(keep, a, torch.zeros_like(a))
