@@ -156,6 +156,7 @@ def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, c
 
 
 # ---------------------------------------------------------------------- resume
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_resume_continues_epsilon_and_draws_fresh_noise(tmp_path, monkeypatch):
     drawn = []
     original = DPOptimizer.draw_noise
