@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
 import torch.multiprocessing as mp
 from pytorch_lightning import Callback
 
@@ -61,3 +62,51 @@ def run_script(text: str, folder: Path, timeout: int = 240) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, tests, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(script), str(folder)], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+class SaveReleasedSums(Callback):
+    """Record, per step, the clipped global sum the attached DP optimizer adds its noise to (after the all-reduce), and
+    save it with ε and the step count as ``folder/rank{r}_of{world}.pt`` when training ends."""
+
+    def __init__(self, folder) -> None:
+        self.folder, self.sums = folder, []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from lightning_dprel.callbacks import PrivacyCallback
+
+        self.privacy = next(c for c in trainer.callbacks if isinstance(c, PrivacyCallback))
+        dp = self.privacy._layer.dp
+        original = dp.add_noise
+        dp.add_noise = lambda summed, noise="draw": self.sums.append(
+            torch.cat([t.reshape(-1) for t in summed.values()]).clone()) or original(summed, noise)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        dp = self.privacy._layer.dp
+        torch.save({"sums": self.sums, "epsilon": self.privacy.epsilon, "steps": self.privacy.steps,
+                    "std": dp.noise_multiplier * dp.clip_norm},
+                   f"{self.folder}/rank{trainer.global_rank}_of{trainer.world_size}.pt")
+
+
+def assert_two_ranks_release_as_one(folder, steps: int) -> None:
+    """Two ranks and one process (same init, same global samples): the same ε, σ·C and first clipped sum; the ranks
+    agree on every step's global sum."""
+    single = torch.load(Path(folder) / "rank0_of1.pt")
+    ranks = [torch.load(Path(folder) / f"rank{r}_of2.pt") for r in (0, 1)]
+    assert single["steps"] == ranks[0]["steps"] == ranks[1]["steps"] == steps
+    assert abs(single["epsilon"] - ranks[0]["epsilon"]) <= 1e-12 * single["epsilon"] and ranks[0]["epsilon"] == ranks[1]["epsilon"]
+    assert single["std"] == ranks[0]["std"] == ranks[1]["std"]
+    assert single["sums"][0].norm() > 0
+    for rank in ranks:  # the first step's parameters are equal, so its global clipped sum is one process's
+        torch.testing.assert_close(rank["sums"][0], single["sums"][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(ranks[0]["sums"], ranks[1]["sums"]):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def record_noise_draws(monkeypatch) -> list:
+    """Every noise vector a DPOptimizer draws, in order (to check that a resumed fit never replays one)."""
+    from lightning_dprel.core.optim import DPOptimizer
+
+    drawn: list = []
+    original = DPOptimizer.draw_noise
+    monkeypatch.setattr(DPOptimizer, "draw_noise", lambda self, device=None: drawn.append(original(self, device)) or drawn[-1])
+    return drawn

@@ -11,13 +11,12 @@ import warnings
 
 import pytest
 import torch
-from pytorch_lightning import Callback, Trainer
+from pytorch_lightning import Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from ddp_helpers import ReleaseGroupAtTeardown
+from ddp_helpers import ReleaseGroupAtTeardown, SaveReleasedSums, assert_two_ranks_release_as_one, record_noise_draws
 from lightning_dprel.accounting import Accountant
 from lightning_dprel.callbacks import PrivacyCallback
-from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.datamodules import LinkPredictionDataModule
 from test_pyg_link_predictor_made_private import LinkPredictor, _graphs
 
@@ -32,9 +31,7 @@ def _dm(seed=None):
 
 
 def test_resume_continues_epsilon_exactly_and_draws_fresh_noise(tmp_path, monkeypatch):
-    drawn = []
-    original = DPOptimizer.draw_noise
-    monkeypatch.setattr(DPOptimizer, "draw_noise", lambda self, device=None: drawn.append(original(self, device)) or drawn[-1])
+    drawn = record_noise_draws(monkeypatch)
     torch.manual_seed(0)
     first = PrivacyCallback(delta=1e-5, clip_norm=1.0, noise_multiplier=1.2)
     Trainer(max_steps=6, callbacks=[first, ModelCheckpoint(dirpath=tmp_path, save_last=True)], **QUIET).fit(
@@ -56,26 +53,10 @@ def _dm_spec():
     return dm.sampling_spec
 
 
-class SaveReleases(Callback):
-    def __init__(self, folder):
-        self.folder, self.sums = folder, []
-
-    def on_train_start(self, trainer, pl_module):
-        self.privacy = next(c for c in trainer.callbacks if isinstance(c, PrivacyCallback))
-        dp = self.privacy._layer.dp
-        original = dp.add_noise
-        dp.add_noise = lambda summed, noise="draw": self.sums.append(
-            torch.cat([t.reshape(-1) for t in summed.values()]).clone()) or original(summed, noise)
-
-    def on_train_end(self, trainer, pl_module):
-        torch.save({"sums": self.sums, "epsilon": self.privacy.epsilon, "steps": self.privacy.steps},
-                   f"{self.folder}/rank{trainer.global_rank}_of{trainer.world_size}.pt")
-
-
 def _fit(devices, strategy, folder):
     torch.manual_seed(0)
     trainer = Trainer(devices=devices, strategy=strategy, max_steps=3, enable_checkpointing=False,
-                      callbacks=[PrivacyCallback(delta=1e-5, clip_norm=0.5, noise_multiplier=1.2), SaveReleases(folder),
+                      callbacks=[PrivacyCallback(delta=1e-5, clip_norm=0.5, noise_multiplier=1.2), SaveReleasedSums(folder),
                                  ReleaseGroupAtTeardown()], **QUIET)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -85,11 +66,4 @@ def _fit(devices, strategy, folder):
 def test_two_process_ddp_releases_what_one_process_releases(tmp_path):
     _fit(1, "auto", tmp_path)
     _fit(2, "ddp_spawn", tmp_path)
-    single = torch.load(tmp_path / "rank0_of1.pt")
-    ranks = [torch.load(tmp_path / f"rank{r}_of2.pt") for r in (0, 1)]
-    assert single["steps"] == ranks[0]["steps"] == ranks[1]["steps"] == 3
-    assert single["epsilon"] == pytest.approx(ranks[0]["epsilon"], rel=1e-12) == ranks[1]["epsilon"]
-    torch.testing.assert_close(ranks[0]["sums"][0], single["sums"][0], atol=1e-5, rtol=1e-5)  # same init, same sample
-    assert single["sums"][0].norm() > 0
-    for a, b in zip(ranks[0]["sums"], ranks[1]["sums"]):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert_two_ranks_release_as_one(tmp_path, steps=3)

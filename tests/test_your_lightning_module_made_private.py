@@ -21,6 +21,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ddp_helpers import record_noise_draws
 from lightning_dprel import DPDataLoader, PrivacyCallback
 from lightning_dprel.grad_sample.user_step import quiet_logging
 from lightning_dprel.core.optim import DPOptimizer
@@ -158,9 +159,7 @@ def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, c
 # ---------------------------------------------------------------------- resume
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_resume_continues_epsilon_and_draws_fresh_noise(tmp_path, monkeypatch):
-    drawn = []
-    original = DPOptimizer.draw_noise
-    monkeypatch.setattr(DPOptimizer, "draw_noise", lambda self, device=None: drawn.append(original(self, device)) or drawn[-1])
+    drawn = record_noise_draws(monkeypatch)
     torch.manual_seed(0)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     first = PrivacyCallback(delta=1e-5, clip_norm=1.0, noise_multiplier=1.1)

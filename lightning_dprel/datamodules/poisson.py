@@ -45,8 +45,8 @@ class PoissonSampledBatches(IterableDataset):
             raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, N = {self.num_examples}], got {b}.")
         self.expected_batch_size, self.sampling_rate = b, b / self.num_examples
         self.draws = 0  # samples drawn so far: the stream's path, so no (key, path) pair is ever drawn twice
-        fast = isinstance(dataset, TensorDataset) and collate_fn is default_collate
-        self.rows_of = (lambda idx: [t[idx] for t in dataset.tensors]) if fast else None
+        #: A TensorDataset with the default collate: index its tensors at once (picklable, for ddp_spawn).
+        self.indexes_tensors = isinstance(dataset, TensorDataset) and collate_fn is default_collate
 
     def __len__(self) -> int:
         return math.ceil(1.0 / self.sampling_rate)
@@ -60,8 +60,8 @@ class PoissonSampledBatches(IterableDataset):
             draw, self.draws = self.draws, self.draws + 1
             rank, world = _world()
             rows = self.indices(draw)[rank::world]
-            if self.rows_of is not None:  # a TensorDataset with the default collate: index its tensors at once
-                yield self.rows_of(rows)
+            if self.indexes_tensors:
+                yield [t[rows] for t in self.dataset.tensors]
             elif rows.numel():
                 yield self.collate_fn([self.dataset[i] for i in rows.tolist()])
             else:  # an empty sample is a real step: noise is still released
