@@ -8,6 +8,7 @@ from itertools import islice
 
 import pytest
 import torch
+from torch_geometric.data import Data
 
 from lightning_dprel.core.batch import ExampleBatch, PrivateBatch
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
@@ -16,7 +17,10 @@ from test_unit_declared_once import FACTORIES
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many workers).*")
 
 FAMILY = {"RelationalDataModule": TupleBatch, "SkipGramDataModule": TupleBatch, "PrivateIdsSkipGramDataModule": TupleBatch,
-          "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch}
+          "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch,
+          "LinkPredictionDataModule": Data}
+#: Batches in PyG's shape for a user's own module: a ``Data`` that carries b and the sample token as attributes.
+PYG_SHAPED = {"LinkPredictionDataModule"}
 
 
 @pytest.mark.parametrize("cls", list(FACTORIES), ids=lambda c: c.__name__)
@@ -25,7 +29,7 @@ def test_each_datamodule_yields_its_familys_batch_with_b_and_the_step_that_drew_
     dm.setup("fit")
     batches = list(islice(iter(dm.train_dataloader()), 2))
     assert [type(b) for b in batches] == [FAMILY[cls.__name__]] * 2
-    assert all(isinstance(b, PrivateBatch) for b in batches)
+    assert all(isinstance(b, PrivateBatch) for b in batches) or cls.__name__ in PYG_SHAPED
     assert [b.step for b in batches] == [0, 1]
     assert all(b.expected_batch_size == pytest.approx(dm.sampling_spec.expected_batch_size) for b in batches)
 

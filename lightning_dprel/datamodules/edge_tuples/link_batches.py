@@ -75,6 +75,8 @@ def link_batch(batch: TupleBatch) -> Data:
         tuple_edge_label_index=tuple_eli,
         tuple_edge_label=tuple_label,
         num_nodes=size * slots,
+        expected_batch_size=batch.expected_batch_size,  # b and the sample token ride along (PrivateBatch's two facts)
+        step=batch.step,
     )
     x = _features(batch.node_inputs)
     if x is not None:
