@@ -3,7 +3,7 @@ trained non-privately (the same module, ``DataLoader(batch_size=b, shuffle=True)
 
 The private step is example-level DP-SGD (Abadi et al. 2016, Alg. 1) as the callback attaches it
 (:class:`~lightning_dprel.core.attached.AttachedDPSGD`): per-example gradients of the user's ``training_step`` by
-``torch.func.vmap``, one extra no-grad forward of the whole batch for the user's logs, clip → sum → noise → ÷ b → the
+``torch.func.vmap`` (the user's training logs are private and not computed unless asked for), clip → sum → noise → ÷ b → the
 user's optimizer, the ledger's charge, the update watch (a clone of the parameters after each step, compared at batch
 start and end) and the callback's ε after every step.
 
@@ -14,9 +14,7 @@ Timing: the wall time from the first callback's ``on_train_batch_start`` to the 
 (so the privacy callback's own per-step work counts; loading the batch does not, it is reported apart as the loop
 period), warm-up steps dropped, median over the steps of every round; non-private and private fits alternate, each in a
 fresh Trainer, so a shared machine's load falls on both. The breakdown comes from one more private fit in which library
-functions are wrapped by timers here (exclusive times, median per step; the library is not edited). For the MLP, a
-what-if: the same batch's clipped sum by vmap (as attached) and by ghost clipping + book-keeping (the relational path's
-default, :mod:`lightning_dprel.grad_sample.ghost`), alternated, with their max relative difference.
+functions are wrapped by timers here (exclusive times, median per step; the library is not edited). 
 
 Usage: ``python benchmarks/bench_made_private.py [--quick] [--threads 1]``. Writes ``benchmarks/results/made_private_cpu.json``.
 """
@@ -179,13 +177,12 @@ class _Profiler:
 
 PARTS = {
     "vmap": "per-example gradients (vmap of the user's step)",
-    "forward": "extra no-grad forward of the full batch (logs)",
     "noise": "Gaussian noise draw (keyed CSPRNG)",
     "clip": "clip + sum + scale (DPOptimizer.pre_step)",
     "optim": "user's optimizer step (+ DPOptimizer.step glue)",
     "record": "record + AttachedDPSGD.training_step glue",
     "ledger": "ledger charge (step hook)",
-    "watch": "update watch (clone after step, 2 compares)",
+    "watch": "update watch (clone after step, 3 compares)",
     "epsilon": "ε after every step (callback's batch end)",
 }
 
@@ -198,17 +195,10 @@ def _instrumented(prof: _Profiler):
 
     A, D, W, P = attached.AttachedDPSGD, optim.DPOptimizer, update_watch.UpdateWatch, privacy.PrivacyCallback
     quiet = ("vmap", "check_reduction")
-    originals = [(attached, "user_step_grads"), (A, "__init__"), (A, "training_step"), (A, "check_reduction"), (A, "_charge"),
+    originals = [(attached, "user_step_grads"), (A, "training_step"), (A, "check_reduction"), (A, "_charge"),
                  (D, "draw_noise"), (D, "pre_step"), (D, "step"), (W, "check"), (W, "rebase"), (P, "on_train_batch_end")]
     saved = [(obj, name, obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)) for obj, name in originals]
-    init = A.__init__
-
-    def init_and_wrap_step(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self._step = prof.wrap(self._step, "forward", transparent_under=quiet)
-
     attached.user_step_grads = prof.wrap(attached.user_step_grads, "vmap")
-    A.__init__ = init_and_wrap_step
     A.training_step = prof.wrap(A.training_step, "record")
     A.check_reduction = prof.wrap(A.check_reduction, "check_reduction")
     A._charge = prof.wrap(A._charge, "ledger")
@@ -225,8 +215,7 @@ def _instrumented(prof: _Profiler):
             setattr(obj, name, fn)
 
 
-def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler | None = None,
-        per_example: str = "vmap") -> _StepClock:
+def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler | None = None) -> _StepClock:
     """One fit of ``warmup + steps`` training steps; the clock holds the timed steps."""
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader
@@ -240,7 +229,7 @@ def fit(task: str, private: bool, steps: int, warmup: int, profiler: _Profiler |
     start, end = clock.callbacks()
     if private:
         loader = DPDataLoader(data, batch_size=b)
-        callbacks = [start, PrivacyCallback(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, per_example=per_example), end]
+        callbacks = [start, PrivacyCallback(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5), end]
     else:
         loader = DataLoader(data, batch_size=b, shuffle=True)
         callbacks = [start, end]
@@ -284,12 +273,10 @@ def main() -> None:
     record = {"device": where, "torch": torch.__version__, "threads": args.threads, "quick": args.quick,
               "rounds": rounds, "warmup_steps": warmup, "load_average_start": load[0], "models": {}}
     for task in args.models.split(","):
-        runs = {False: [], True: [], "ghost": []}
+        runs = {False: [], True: []}
         for r in range(rounds):
             for private in ((False, True) if r % 2 == 0 else (True, False)):
                 runs[private].append(fit(task, private, steps[task], warmup))
-            if task == "mlp":  # every trainable parameter is a Linear's: ghost clipping is exact (per_example="ghost")
-                runs["ghost"].append(fit(task, True, steps[task], warmup, per_example="ghost"))
         prof = _Profiler()
         shimmed = fit(task, True, steps[task], warmup, profiler=prof)
         plain_ms = _median_ms([s for c in runs[False] for s in c.steps])
@@ -300,11 +287,6 @@ def main() -> None:
         shim_total = _median_ms(shimmed.steps)
         parts["rest"] = max(shim_total - sum(parts.values()), 0.0)
         ratio = priv_ms / plain_ms
-        ghost = None
-        if runs["ghost"]:
-            ghost_ms = _median_ms([s for c in runs["ghost"] for s in c.steps])
-            ghost = {"private_step_ms": ghost_ms, "ratio": ghost_ms / plain_ms,
-                     "ratio_per_round": [_median_ms(g.steps) / _median_ms(n.steps) for n, g in zip(runs[False], runs["ghost"])]}
         print(f"{LABELS[task]}: {steps[task]} timed steps a fit")
         print(f"  non-private step {plain_ms:8.2f} ms   private step {priv_ms:8.2f} ms   ratio {ratio:.2f} "
               f"(per round {', '.join(f'{x:.2f}' for x in per_round)})")
@@ -314,15 +296,11 @@ def main() -> None:
         for key, ms in parts.items():
             label = PARTS.get(key, "rest: Lightning's loop, zero_grad, the user's step glue")
             print(f"    {label:<55} {ms:7.2f} ms  {100 * ms / shim_total:5.1f} %")
-        if ghost:
-            print(f"  per_example='ghost' (Linear layers on rows, exact): private step {ghost['private_step_ms']:8.2f} ms   "
-                  f"ratio {ghost['ratio']:.2f} (per round {', '.join(f'{x:.2f}' for x in ghost['ratio_per_round'])})")
         record["models"][task] = {
             "label": LABELS[task], "timed_steps_per_fit": steps[task],
             "nonprivate_step_ms": plain_ms, "private_step_ms": priv_ms, "ratio": ratio, "ratio_per_round": per_round,
             "loop_period_ms": {"nonprivate": period[False], "private": period[True]},
             "breakdown_ms": parts, "breakdown_fit_step_ms": shim_total, "breakdown_labels": PARTS,
-            "ghost": ghost,
         }
         print()
     record["load_average_end"] = os.getloadavg()[0]

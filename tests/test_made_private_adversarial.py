@@ -1,6 +1,6 @@
 """A plain LightningModule configured "naturally" against PrivacyCallback: the ways out of DP-SGD (Abadi et al. 2016,
 Alg. 1) that are refused or detected today, each pinned by its message: an update after the DP step, a step or loss
-the per-example path cannot bound, a ghost input that is not one row per example, trainer settings outside the analysis.
+the per-example path cannot bound, trainer settings outside the analysis.
 """
 
 from __future__ import annotations
@@ -151,39 +151,6 @@ def test_a_step_the_per_example_path_cannot_bound_is_refused_before_any_release(
     with pytest.raises(error, match=match):
         _fit(model, cb)
     assert cb.steps == 0 and all(torch.equal(p, s) for p, s in zip(model.parameters(), start))
-
-
-# ---------------------------------------------------------------------- ghost clipping: rows only
-class LinearOn3D(MLP):
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x.unsqueeze(1).expand(-1, 3, -1)).mean(1), y)
-
-
-class RunningMean(nn.Module):
-    """A custom normaliser with a buffer of feature means (not BatchNorm)."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(d))
-
-    def forward(self, x):
-        return x - self.mean
-
-
-class WithRunningMean(MLP):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(RunningMean(8), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-
-
-@pytest.mark.parametrize("model,match", [
-    (LinearOn3D(), r"`net.0` got an input of shape \(\d+, 3, 8\), not one row per example"),
-    (WithRunningMean(), r"`net.0` \(RunningMean\) is not a row-wise layer"),
-])
-def test_ghost_refuses_inputs_that_are_not_one_row_per_example(model, match):
-    with pytest.raises(ValueError, match=match):
-        _fit(model, _callback(per_example="ghost"))
 
 
 # ---------------------------------------------------------------------- trainer settings outside the analysis

@@ -19,20 +19,19 @@ __all__ = ["attach_arguments", "privacy_layer", "sampler_facts", "watch_updates"
 
 
 def attach_arguments(clip_norm: Optional[float], noise_multiplier: Optional[float],
-                     per_example: str) -> tuple[Optional[float], Optional[float], str]:
-    """The callback's arguments for a plain LightningModule, checked: C, σ and how per-example gradients are taken."""
-    from lightning_dprel.core.attached import PER_EXAMPLE
+                     log_private_metrics: bool) -> tuple[Optional[float], Optional[float], bool]:
+    """The callback's arguments for a plain LightningModule, checked: C, σ, and whether its training logs are kept."""
     from lightning_dprel.core.checks import positive_finite
 
-    if per_example not in PER_EXAMPLE:
-        raise ValueError(f"`per_example` must be one of {PER_EXAMPLE}, got {per_example!r}.")
+    if not isinstance(log_private_metrics, bool):
+        raise TypeError(f"`log_private_metrics` must be a bool, got {type(log_private_metrics).__name__}.")
     clip_norm = None if clip_norm is None else positive_finite("clip_norm", clip_norm, "e.g. clip_norm=1.0")
     sigma = None if noise_multiplier is None else positive_finite("noise_multiplier", noise_multiplier, "e.g. 1.0")
-    return clip_norm, sigma, per_example
+    return clip_norm, sigma, log_private_metrics
 
 
 def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], noise_multiplier: Optional[float],
-                  per_example: str = "vmap", saved_ledger: Optional[dict] = None) -> Any:
+                  log_private_metrics: bool = False, saved_ledger: Optional[dict] = None) -> Any:
     """``pl_module`` if it is a lightning_dprel model, else the DP-SGD layer attached to it (its optimizer wrapped)."""
     from lightning_dprel.core.ledger_module import LedgerModule
 
@@ -52,8 +51,14 @@ def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], n
             "example's gradient norm), e.g. PrivacyCallback(target_epsilon=8.0, clip_norm=1.0, calibrate=True)."
         )
     sigma = noise_multiplier if noise_multiplier is not None else 1.0  # calibrate=True replaces it
-    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma, per_example=per_example,
-                         saved_ledger=saved_ledger)
+    if log_private_metrics:
+        from pytorch_lightning.utilities.rank_zero import rank_zero_warn
+
+        from lightning_dprel.core.attached import PRIVATE_METRICS_WARNING
+
+        rank_zero_warn(PRIVATE_METRICS_WARNING, category=UserWarning)
+    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma,
+                         log_private_metrics=log_private_metrics, saved_ledger=saved_ledger)
 
 
 def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
@@ -64,6 +69,13 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
 
     dm = trainer.datamodule
     if isinstance(dm, PrivateDataModule) and isinstance(getattr(dm, "example_view", None), ExampleView):
+        sampler = type(dm).train_dataloader
+        if not getattr(sampler, "__module__", "").startswith("lightning_dprel."):
+            raise ValueError(
+                f"{type(dm).__name__}.train_dataloader is not the library's: a plain LightningModule is trained only on "
+                "a sampler the library implements, so that the SamplingSpec it is charged for is the sampling that ran. "
+                "Use DPDataLoader, LinkPredictionDataModule or NodeSplitDataModule(as_pyg_batches=True) as they are."
+            )
         return dm.sampling_spec, dm.example_view
     loaders = trainer.train_dataloader
     for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
@@ -83,7 +95,7 @@ def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:
     for opt in trainer.optimizers:
         dp = getattr(opt, "optimizer", opt)
         if isinstance(dp, DPOptimizer):
-            dp.attach_step_hook(watch.after_release)
+            watch.watch_releases_of(dp)
     return watch
 
 

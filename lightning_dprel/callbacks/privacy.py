@@ -60,8 +60,8 @@ class PrivacyCallback(Callback):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for projects without a datamodule
             that exposes one; if both exist they must be equal.
         orders: Rényi orders for the accountant (default: the accountant's).
-        clip_norm, noise_multiplier, per_example: for a plain LightningModule, C (required), σ (default 1.0;
-            ``calibrate=True`` replaces it) and ``"vmap"`` (default, any module) or ``"ghost"`` (Linear layers on rows).
+        clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required), σ (default 1.0;
+            ``calibrate=True`` replaces it), and whether its training_step logs (computed without noise) are kept.
 
     Attributes:
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
@@ -93,13 +93,13 @@ class PrivacyCallback(Callback):
         orders: Optional[Sequence[float]] = None,
         clip_norm: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
-        per_example: str = "vmap",
+        log_private_metrics: bool = False,
     ) -> None:
         super().__init__()
         target_epsilon, delta = check_arguments(target_epsilon, delta, mechanism, calibrate, sampling_spec)
         self.target_epsilon = target_epsilon
         self.calibrate = calibrate
-        self.clip_norm, self._sigma_arg, self._per_example = attach_arguments(clip_norm, noise_multiplier, per_example)
+        self.clip_norm, self._sigma_arg, self._log_private = attach_arguments(clip_norm, noise_multiplier, log_private_metrics)
         self._layer: Any = None  # the module (a lightning_dprel model) or the DP-SGD layer attached to it
         self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
         self._saved_ledger: Optional[dict] = None  # an attached layer's, from the checkpoint
@@ -155,7 +155,7 @@ class PrivacyCallback(Callback):
         planner = getattr(pl_module, "planned_releases", None)
         if not callable(planner) or planner() is None:
             self._layer = privacy_layer(trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
-                                        per_example=self._per_example, saved_ledger=self._saved_ledger)
+                                        log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
             return
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)

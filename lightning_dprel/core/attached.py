@@ -18,13 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_dprel.core.example_views import ExampleView, TensorRows
+from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
-from lightning_dprel.grad_sample.ghost import GhostUnsupported
-from lightning_dprel.grad_sample.user_ghost import capture_linear_rows, linear_row_grads, row_ghost_reason
 from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
 
 __all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers"]
@@ -35,8 +33,12 @@ _LEDGER_ATTR = "_lightning_dprel_ledger"
 HAND_MADE_FACTS = ("noise_spec", "privacy_ledger", "set_noise_multiplier", "sampling_spec")
 #: Units whose examples are rows or tuples: message passing across them mixes units.
 _ROW_UNITS = ("example", "entity")
-#: How per-example gradients are computed: "vmap" (each example's own step, exact for any module) or "ghost" (rows).
-PER_EXAMPLE = ("vmap", "ghost")
+#: The warning of ``log_private_metrics=True``: the user's training logs are computed on the private batch without noise.
+PRIVATE_METRICS_WARNING = (
+    "PrivacyCallback(log_private_metrics=True): your training_step's logs and returned loss are computed on the private "
+    "batch without noise; they are outside the differential-privacy guarantee. Do not release them, and do not let "
+    "them steer training (ReduceLROnPlateau, EarlyStopping or checkpoint selection on a training metric)."
+)
 
 
 def default_mechanism(unit: str) -> str:
@@ -82,17 +84,9 @@ class AttachedDPSGD:
     releases_per_sample = 1
     is_private = True
 
-    def __init__(self, trainer: Any, module: Any, *, clip_norm: float, noise_multiplier: float, per_example: str = "vmap",
-                 chunk_size: int | None = None, saved_ledger: dict | None = None) -> None:
-        if per_example not in PER_EXAMPLE:
-            raise ValueError(f"`per_example` must be one of {PER_EXAMPLE}, got {per_example!r}.")
-        reason = row_ghost_reason(module) if per_example == "ghost" else None
-        if reason:
-            raise ValueError(
-                f"per_example='ghost' is exact only when every trainable parameter is an nn.Linear's and every other "
-                f"layer is row-wise; here {reason}. Use per_example='vmap' (exact for any module)."
-            )
-        self.per_example = per_example
+    def __init__(self, trainer: Any, module: Any, *, clip_norm: float, noise_multiplier: float,
+                 log_private_metrics: bool = False, chunk_size: int | None = None, saved_ledger: dict | None = None) -> None:
+        self.log_private_metrics = bool(log_private_metrics)
         if not module.automatic_optimization:
             raise ValueError(
                 f"{type(module).__name__} uses manual optimization: its own optimizer.step() calls bypass the DP "
@@ -126,7 +120,6 @@ class AttachedDPSGD:
         self.view: ExampleView | None = None
         self.sampling: SamplingSpec | None = None
         self._checked_reduction = False
-        self._reduction = "mean"  # of the user's loss over the batch's examples (checked on the first batch of two or more)
         self._fit_opened = False
         self._step = module.training_step  # the user's, bound
         module.__dict__["training_step"] = self.training_step
@@ -146,8 +139,6 @@ class AttachedDPSGD:
         mechanism = default_mechanism(sampling.privacy_unit)
         if self.dp.noise_spec.accounting != mechanism:
             self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
-        if self.per_example == "ghost" and not isinstance(view, TensorRows):
-            raise ValueError(f"per_example='ghost' needs row examples (DPDataLoader), got {type(view).__name__}; use 'vmap'.")
         self.view, self.sampling = view, sampling
 
     def open_fit(self, sampling: SamplingSpec, noise: NoiseSpec | None = None) -> None:
@@ -165,32 +156,19 @@ class AttachedDPSGD:
 
     # --- the step -------------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | dict:
-        """Per-example gradients of the user's step → the DP optimizer; the user's step on the whole batch for its logs."""
+        """Per-example gradients of the user's step → the DP optimizer; with ``log_private_metrics``, the user's step on
+        the whole batch for its logs (outside the guarantee)."""
         if self.view is None:
             raise RuntimeError("The privacy callback did not open this fit (PrivacyCallback.on_train_start).")
         size = self.view.size(batch)
         if size and not self._checked_reduction:
             self.check_reduction(batch, batch_idx)
-        if self.per_example == "ghost" and size:
-            return self._ghost_step(batch, batch_idx, size)
         result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params, chunk_size=self.chunk_size)
         self.dp.record(result.grads, max_freq=None, expected_batch_size=self.sampling.expected_batch_size)
-        if not size:
+        if not size or not self.log_private_metrics:  # the batch's loss is private: Lightning gets 0, the user's logs none
             return torch.zeros((), device=next(iter(self.params.values())).device)
         with torch.no_grad():
             return self._step(batch, batch_idx)
-
-    def _ghost_step(self, batch: Any, batch_idx: int, size: int) -> Any:
-        """The user's step once on the whole batch (its logs included); norms and the clipped sum from its rows."""
-        try:
-            with capture_linear_rows(self.module, size) as seen:
-                out = self._step(batch, batch_idx)
-            scale = float(size) if self._reduction == "mean" else 1.0
-            grads = linear_row_grads(seen, step_loss(out), scale, size)
-        except GhostUnsupported as err:
-            raise ValueError(f"per_example='ghost' is not exact for this step: {err}. Use per_example='vmap'.") from err
-        self.dp.record(grads, max_freq=None, expected_batch_size=self.sampling.expected_batch_size)
-        return out
 
     def check_reduction(self, batch: Any, batch_idx: int) -> None:
         """Refuse a full-batch loss that is neither the mean nor the sum of the examples' own (dropout off, once)."""
@@ -208,7 +186,6 @@ class AttachedDPSGD:
             for m, mode in modes.items():
                 m.train(mode)
         mean, total = float(alone.mean()), float(alone.sum())
-        self._reduction = "mean" if _close(full, mean) else "sum"
         if not (_close(full, mean) or _close(full, total)):
             raise ValueError(
                 f"The loss of the whole batch ({full:.6g}) is neither the mean ({mean:.6g}) nor the sum ({total:.6g}) of "

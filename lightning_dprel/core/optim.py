@@ -66,18 +66,13 @@ class DPOptimizer(Optimizer):
     Args:
         optimizer: the wrapped optimizer over exactly the parameters in ``named_params``.
         named_params: name → parameter; per-tuple gradient records use these names.
-        noise_multiplier: σ ≥ 0; noise std on the clipped sum is σ·C.
-        clip_norm: C > 0.
-        clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline; needs σ = 0).
-        accounting: the mechanism key of :class:`~lightning_dprel.core.specs.NoiseSpec` (FREQ-CLIP: ``"corrected"``
-            or ``"paper"``; or a registered mechanism name); it only labels the step records.
+        noise_multiplier, clip_norm, clipping, accounting: σ ≥ 0 (noise std σ·C), C > 0, ``"freq"`` (Algorithm 1),
+            ``"standard"`` or ``"none"`` (σ = 0), and the mechanism key that labels the step records; or ``noise_spec``.
         noise: the :class:`~lightning_dprel.core.randomness.KeyedStream` of the noise (default: a secret one, keyed
             from ``os.urandom``; ``KeyedStream.seeded`` for reproducible tests, which warns).
         process_group: the ``torch.distributed`` group to all-reduce over (default: the world).
-        diagnostics: also record, per step, the per-tuple norm quantiles, the cosine between the clipped sum
-            and the unclipped sum, the norms of the clipped sum, of the noise and of the parameter update in
-            :attr:`last_step_stats`. They are computed from the private batch without noise and are
-            **outside the guarantee**: for diagnosis only, never to be released.
+        diagnostics: also record per step (in :attr:`last_step_stats`) norm quantiles, the clipped/unclipped cosine,
+            the norms of the sum, noise and update: computed without noise, **outside the guarantee**, never released.
 
     Example::
 
@@ -130,6 +125,7 @@ class DPOptimizer(Optimizer):
         self._state = _Pending()
         self.subspace: GradientSubspace | None = None
         self._step_hooks: list[Callable[[StepRecord], None]] = []
+        self._pre_release_checks: list[Callable[[], None]] = []
         for kind in ("step_pre", "step_post", "state_dict_pre", "state_dict_post", "load_state_dict_pre", "load_state_dict_post"):
             setattr(self, f"_optimizer_{kind}_hooks", OrderedDict())  # torch.optim.Optimizer bookkeeping hooks look up
 
@@ -152,6 +148,11 @@ class DPOptimizer(Optimizer):
         """Call ``fn(record)`` after every step with the :class:`StepRecord` of what the step did (once per ``fn``)."""
         if fn not in self._step_hooks:
             self._step_hooks.append(fn)
+
+    def attach_pre_release_check(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` in every step before anything is released (after the closure); it raises to refuse the step."""
+        if fn not in self._pre_release_checks:
+            self._pre_release_checks.append(fn)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
@@ -323,6 +324,8 @@ class DPOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for check in self._pre_release_checks:
+            check()
         self.pre_step()
         before = [p.detach().clone() for p in self.named_params.values()] if self.diagnostics else None
         self.original_optimizer.step()

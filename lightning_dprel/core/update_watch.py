@@ -39,8 +39,10 @@ class UpdateWatch:
 
     def __init__(self, module: nn.Module, ledger: Any) -> None:
         self.module, self.ledger = module, ledger
-        self.params = [p for p in module.parameters()]
+        named = [*module.named_parameters(), *module.named_buffers()]  # a buffer filled from data is a release too
+        self.names, self.params = [n for n, _ in named], [t for _, t in named]
         self.base: list[Tensor] = []
+        self.optimizers: list[Any] = []
         module.__dict__[_WATCH] = self
         self.rebase()
 
@@ -54,9 +56,8 @@ class UpdateWatch:
         self.rebase()
 
     def moved(self) -> list[str]:
-        """Names of the parameters that differ from the base."""
-        names = [n for n, _ in self.module.named_parameters()]
-        return [n for n, p, b in zip(names, self.params, self.base) if not torch.equal(p.detach(), b)]
+        """Names of the parameters and buffers that differ from the base."""
+        return [n for n, p, b in zip(self.names, self.params, self.base) if not torch.equal(p.detach(), b)]
 
     def check(self, who: str) -> None:
         """Refuse (and charge as unprotected, so ε reads ∞) parameters that moved since the last charged update."""
@@ -66,12 +67,27 @@ class UpdateWatch:
         self.ledger.charge(StepRecord("none", 0.0, 1.0, "none", 0.0, 1.0))
         self.rebase()
         raise RuntimeError(
-            f"PrivacyCallback: {len(moved)} parameters of {who} changed without a charged private release "
+            f"PrivacyCallback: {len(moved)} parameters or buffers of {who} changed without a charged private release "
             f"(e.g. {moved[:3]}): an optimizer other than the DP optimizer, an in-place edit, or a step outside the "
             "private path. This model is no longer private (its ledger now reads ε = ∞). Train only through the DP "
             "optimizer the callback or the module builds; wrap public-data updates in "
             "lightning_dprel.callbacks.public_update(module)."
         )
 
+    def watch_releases_of(self, dp: Any) -> None:
+        """Check before each of ``dp``'s releases (an edit in a hook or an override just before the step) and take the
+        parameters after it as the base."""
+        dp.attach_pre_release_check(self.check_before_release)
+        dp.attach_step_hook(self.after_release)
+        self.optimizers.append(dp)
+
+    def check_before_release(self) -> None:
+        self.check(type(self.module).__name__)
+
     def close(self) -> None:
+        """Stop watching: leave the module and the DP optimizers as they were."""
         self.module.__dict__.pop(_WATCH, None)
+        for dp in self.optimizers:
+            dp._pre_release_checks.remove(self.check_before_release)
+            dp._step_hooks.remove(self.after_release)
+        self.optimizers = []
