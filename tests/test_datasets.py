@@ -202,3 +202,15 @@ def test_wordnet_large_real() -> None:
 
     pair = WordNetLarge().load()
     assert pair.test.num_nodes == 8030 and pair.val.num_nodes == 7509 and pair.train.num_nodes == 82115 - 8030 - 7509
+
+
+def test_an_empty_cache_variable_means_the_default_cache(monkeypatch, tmp_path):
+    """``LIGHTNING_DPREL_CACHE=`` (set but empty, as ``export X=${X:-}`` leaves it) must not write into the working folder."""
+    from pathlib import Path
+
+    from lightning_dprel.pretrained import cache_dir
+
+    monkeypatch.setenv("LIGHTNING_DPREL_CACHE", "")
+    assert cache_dir() == Path.home() / ".cache" / "lightning_dprel"
+    monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
