@@ -183,8 +183,8 @@ class DPOptimizer(Optimizer):
         """
         if self._state.pending is not None:
             raise RuntimeError(
-                "A record of per-tuple gradients is already pending; call step() before recording the next "
-                "batch (each record is clipped, noised and applied exactly once)."
+                "A record of per-tuple gradients is already pending; call step() before recording the next batch (each "
+                "record is clipped, noised and applied exactly once). An optimizer_step override must call optimizer.step()."
             )
         grads = per_tuple_grads if isinstance(per_tuple_grads, TupleGradients) else MaterializedGrads(per_tuple_grads)
         shapes = check_projected(grads, self.subspace)  # {} for coordinates already on the optimizer's subspace
