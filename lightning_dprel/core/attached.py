@@ -2,7 +2,8 @@
 
 The user keeps their module, ``training_step``, loss and optimizer. :class:`AttachedDPSGD` wraps that optimizer in the
 :class:`~lightning_dprel.core.optim.DPOptimizer` (σ and C live there), runs the user's step on each example alone for
-per-example gradients (:mod:`~lightning_dprel.grad_sample.user_step`), and charges every release to its own
+per-example gradients (:mod:`~lightning_dprel.grad_sample.user_step`; ghost norms for its ``nn.Linear`` layers,
+:mod:`~lightning_dprel.grad_sample.user_taps`), and charges every release to its own
 :class:`~lightning_dprel.core.ledger.PrivacyLedger` (saved in the checkpoint under the ledger layer's key). What cannot
 be proven is refused before the first step, with the fix named: manual optimization, a second optimizer, a loader that
 is not a Poisson sampler, layers that mix examples (batch statistics; message passing outside DP-GCN's subgraphs), and a
@@ -24,6 +25,7 @@ from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
+from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
 __all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers"]
 
@@ -117,6 +119,7 @@ class AttachedDPSGD:
         self.dp = DPOptimizer(inner, named_params=self.params, noise_spec=spec, noise=KeyedStream.secret("noise"))
         self.dp.attach_step_hook(self._charge)
         trainer.strategy.optimizers = [self.dp]
+        self._layers = tapped_layers(module, self.params)  # nn.Linear layers whose per-example gradients are not formed
         self.view: ExampleView | None = None
         self.sampling: SamplingSpec | None = None
         self._checked_reduction = False
@@ -163,7 +166,11 @@ class AttachedDPSGD:
         size = self.view.size(batch)
         if size and not self._checked_reduction:
             self.check_reduction(batch, batch_idx)
-        result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params, chunk_size=self.chunk_size)
+        result = None
+        if size and self.view.stacks and self._layers:  # ghost norms of the Linear layers, each example still alone
+            result = user_step_tapped_grads(self.module, self._step, self.view, batch, batch_idx, self.params, self._layers)
+        if result is None:
+            result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params, chunk_size=self.chunk_size)
         self.dp.record(result.grads, max_freq=None, expected_batch_size=self.sampling.expected_batch_size)
         if not size or not self.log_private_metrics:  # the batch's loss is private: Lightning gets 0, the user's logs none
             return torch.zeros((), device=next(iter(self.params.values())).device)

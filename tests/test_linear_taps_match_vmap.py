@@ -1,0 +1,87 @@
+"""Ghost norms for a user's step with each example alone (grad_sample/user_taps.py) equal the formed per-example
+gradients of the vmap path: the norms and every re-weighted sum, for rows, sequences, a layer run twice (its gradient
+is formed instead), attention whose projection is not called as a module, and frozen parameters."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_dprel.core.example_views import TensorRows
+from lightning_dprel.grad_sample.user_step import user_step_grads
+from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*(self.log|batching rule|enable_nested_tensor).*")
+
+
+class Step(pl.LightningModule):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        if kind == "rows":
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
+        elif kind == "sequence":
+            self.net = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+        elif kind == "shared":
+            self.a, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+        else:
+            self.enc = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.kind == "rows":
+            h = self.net(x)
+        elif self.kind == "sequence":
+            h = self.net(x).mean(1)
+        elif self.kind == "shared":
+            h = self.head(self.a(torch.relu(self.a(x))))
+        else:
+            h = self.head(self.enc(x).mean(1))
+        loss = F.cross_entropy(h, y)
+        self.log("loss", loss)
+        return loss
+
+
+INPUTS = {"rows": (4,), "sequence": (5, 6), "shared": (4,), "attention": (5, 16)}
+TAPPED = {"rows": ["net.0", "net.3"], "sequence": ["net.0", "net.2"], "shared": ["head"],
+          "attention": ["enc.linear1", "enc.linear2", "head"]}
+
+
+@pytest.mark.parametrize("kind", list(INPUTS))
+def test_tapped_norms_and_sums_equal_the_formed_gradients(kind):
+    torch.manual_seed(0)
+    module = Step(kind)
+    batch = [torch.randn(7, *INPUTS[kind]), torch.randint(0, 3, (7,))]
+    params = dict(module.named_parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
+        tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params,
+                                        tapped_layers(module, params))
+    assert sorted(tapped.grads.rows) == TAPPED[kind]  # the others' gradients were formed
+    torch.testing.assert_close(tapped.grads.norms(), formed.grads.norms(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tapped.losses, formed.losses)
+    for factors in (torch.rand(7), torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 0.2, 0.0])):
+        want, got = formed.grads.weighted_sum(factors), tapped.grads.weighted_sum(factors)
+        assert set(got) == set(want) == set(params)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-5)
+
+
+def test_frozen_parameters_are_left_out_and_a_layer_with_nothing_to_train_is_not_tapped():
+    module = Step("rows")
+    module.net[0].requires_grad_(False)
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    layers = tapped_layers(module, params)
+    assert list(layers) == ["net.3"]
+    batch = [torch.randn(5, 4), torch.randint(0, 3, (5,))]
+    tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params, layers)
+    formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
+    assert set(tapped.grads.shapes()) == set(params)
+    torch.testing.assert_close(tapped.grads.norms(), formed.grads.norms(), atol=1e-5, rtol=1e-5)
