@@ -2,8 +2,8 @@
 trained non-privately (the same module, ``DataLoader(batch_size=b, shuffle=True)``, no callback), on CPU.
 
 The private step is example-level DP-SGD (Abadi et al. 2016, Alg. 1) as the callback attaches it
-(:class:`~lightning_dprel.core.attached.AttachedDPSGD`): per-example gradients of the user's ``training_step`` by
-``torch.func.vmap`` (the user's training logs are private and not computed unless asked for), clip → sum → noise → ÷ b → the
+(:class:`~lightning_dprel.core.attached.AttachedDPSGD`): per-example gradients of the user's ``training_step``, each
+example alone, by ``torch.func.vmap`` (ghost norms for its ``nn.Linear`` layers) (the user's training logs are private and not computed unless asked for), clip → sum → noise → ÷ b → the
 user's optimizer, the ledger's charge, the update watch (a clone of the parameters after each step, compared at batch
 start and end) and the callback's ε after every step.
 
@@ -176,7 +176,7 @@ class _Profiler:
 
 
 PARTS = {
-    "vmap": "per-example gradients (vmap of the user's step)",
+    "vmap": "per-example gradients (the user's step, each example alone)",
     "noise": "Gaussian noise draw (keyed CSPRNG)",
     "clip": "clip + sum + scale (DPOptimizer.pre_step)",
     "optim": "user's optimizer step (+ DPOptimizer.step glue)",
@@ -195,10 +195,11 @@ def _instrumented(prof: _Profiler):
 
     A, D, W, P = attached.AttachedDPSGD, optim.DPOptimizer, update_watch.UpdateWatch, privacy.PrivacyCallback
     quiet = ("vmap", "check_reduction")
-    originals = [(attached, "user_step_grads"), (A, "training_step"), (A, "check_reduction"), (A, "_charge"),
+    originals = [(attached, "user_step_grads"), (attached, "user_step_tapped_grads"), (A, "training_step"), (A, "check_reduction"), (A, "_charge"),
                  (D, "draw_noise"), (D, "pre_step"), (D, "step"), (W, "check"), (W, "rebase"), (P, "on_train_batch_end")]
     saved = [(obj, name, obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)) for obj, name in originals]
     attached.user_step_grads = prof.wrap(attached.user_step_grads, "vmap")
+    attached.user_step_tapped_grads = prof.wrap(attached.user_step_tapped_grads, "vmap")
     A.training_step = prof.wrap(A.training_step, "record")
     A.check_reduction = prof.wrap(A.check_reduction, "check_reduction")
     A._charge = prof.wrap(A._charge, "ledger")

@@ -71,16 +71,18 @@ class TappedGrads(TupleGradients):
         return dict(self._shapes)
 
     def norms(self) -> Tensor:
-        total = per_tuple_norms(self.formed).double().pow(2) if self.formed else torch.zeros(self.size, dtype=torch.float64)
+        total = per_tuple_norms(self.formed).pow(2) if self.formed else torch.zeros(self.size)
         for layer, a, g in self.rows.values():
-            a, g = a.double(), g.double()
-            if a.shape[1] == 1:  # one row: ‖gaᵀ‖ = ‖g‖‖a‖
+            rows, width = a.shape[1], a.shape[2] * g.shape[2]
+            if rows == 1:  # one row: ‖gaᵀ‖ = ‖g‖‖a‖
                 total = total + a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
-            else:  # rows of one example (a sequence): ‖Σ_t g_t a_tᵀ‖² = Σ (AAᵀ)⊙(GGᵀ)
+            elif 2 * rows * rows < width:  # rows of one example (a sequence): ‖Σ_t g_t a_tᵀ‖² = Σ (AAᵀ)⊙(GGᵀ)
                 total = total + (a @ a.transpose(1, 2) * (g @ g.transpose(1, 2))).sum((1, 2))
+            else:  # long sequences, narrow layer: form this layer's per-example gradient (mixed ghost clipping)
+                total = total + (g.transpose(1, 2) @ a).pow(2).sum((1, 2))
             if layer.bias is not None:
                 total = total + g.sum(1).pow(2).sum(1)
-        return total.sqrt().to(torch.float32)
+        return total.sqrt()
 
     def weighted_sum(self, factors: Tensor) -> dict[str, Tensor]:
         out = dict(weighted_sum(self.formed, factors)) if self.formed else {}
