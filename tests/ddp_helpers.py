@@ -110,3 +110,22 @@ def record_noise_draws(monkeypatch) -> list:
     original = DPOptimizer.draw_noise
     monkeypatch.setattr(DPOptimizer, "draw_noise", lambda self, device=None: drawn.append(original(self, device)) or drawn[-1])
     return drawn
+
+
+def fit_saving_releases(folder, devices: int, strategy: str, model, *, steps: int, **fit_kwargs) -> None:
+    """Fit ``model`` (a fresh one per call, torch seed 0) for ``steps`` private steps (C = 0.5, σ = 1.2) on
+    ``devices`` CPU processes, saving each rank's released sums with :class:`SaveReleasedSums`."""
+    import warnings
+
+    from pytorch_lightning import Trainer
+
+    from lightning_dprel.callbacks import PrivacyCallback
+
+    trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, num_sanity_val_steps=0,
+                      callbacks=[PrivacyCallback(delta=1e-5, clip_norm=0.5, noise_multiplier=1.2), SaveReleasedSums(folder),
+                                 ReleaseGroupAtTeardown()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, **fit_kwargs)

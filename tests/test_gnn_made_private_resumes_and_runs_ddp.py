@@ -7,14 +7,13 @@ were), on ``NodeSplitDataModule(as_pyg_batches=True)``.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 from pytorch_lightning import Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from ddp_helpers import ReleaseGroupAtTeardown, SaveReleasedSums, assert_two_ranks_release_as_one, record_noise_draws
+from ddp_helpers import assert_two_ranks_release_as_one, fit_saving_releases, record_noise_draws
 from lightning_dprel import NodeSplitDataModule, PrivacyCallback
 from lightning_dprel.accounting import Accountant
 from lightning_dprel.datamodules.datasets import InMemoryNodes
@@ -58,12 +57,7 @@ def test_resume_continues_epsilon_exactly_and_draws_fresh_noise(tmp_path, monkey
 
 def _fit(devices, strategy, folder):
     torch.manual_seed(0)
-    trainer = Trainer(devices=devices, strategy=strategy, max_steps=3, enable_checkpointing=False,
-                      callbacks=[PrivacyCallback(delta=1e-5, clip_norm=0.5, noise_multiplier=1.2), SaveReleasedSums(folder),
-                                 ReleaseGroupAtTeardown()], **QUIET)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(_model(), datamodule=_dm(seed=7))
+    fit_saving_releases(folder, devices, strategy, _model(), steps=3, datamodule=_dm(seed=7))
 
 
 def test_two_process_ddp_releases_what_one_process_releases(tmp_path):

@@ -7,15 +7,13 @@ released sum's distribution and the ε, equal the single process's.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
-from pytorch_lightning import Trainer
 from torch.utils.data import TensorDataset
 
-from ddp_helpers import ReleaseGroupAtTeardown, SaveReleasedSums, assert_two_ranks_release_as_one
-from lightning_dprel import DPDataLoader, PrivacyCallback
+from ddp_helpers import assert_two_ranks_release_as_one, fit_saving_releases
+from lightning_dprel import DPDataLoader
 from projects.tabular_classifier import MLPClassifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:DPDataLoader\\(seed=5\\)")
@@ -27,13 +25,7 @@ def _fit(devices, strategy, folder):
     x = torch.randn(300, 8, generator=g)
     y = (x[:, 0] > 0).long()
     loader = DPDataLoader(TensorDataset(x, y), batch_size=30, seed=5)
-    trainer = Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=4, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, callbacks=[PrivacyCallback(delta=1e-5, clip_norm=0.5, noise_multiplier=1.2),
-                                                      SaveReleasedSums(folder), ReleaseGroupAtTeardown()])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(MLPClassifier(8, 2), loader)
+    fit_saving_releases(folder, devices, strategy, MLPClassifier(8, 2), steps=4, train_dataloaders=loader)
 
 
 def test_two_process_ddp_releases_what_one_process_releases(tmp_path):

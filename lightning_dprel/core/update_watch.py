@@ -35,7 +35,8 @@ def public_update(module: nn.Module) -> Iterator[None]:
 
 
 class UpdateWatch:
-    """The parameters after the last charged (or public) update of ``module``, checked at every batch end."""
+    """The parameters and buffers after the last charged (or public) update of ``module``, checked before every release,
+    at every batch's start and end, and at the end of training."""
 
     def __init__(self, module: nn.Module, ledger: Any) -> None:
         self.module, self.ledger = module, ledger
@@ -49,7 +50,11 @@ class UpdateWatch:
     def rebase(self) -> None:
         """Take the parameters as they are now as the base (after a charged release or a public update)."""
         with torch.no_grad():
-            self.base = [p.detach().clone() for p in self.params]
+            if len(self.base) == len(self.params) and all(b.shape == p.shape for b, p in zip(self.base, self.params)):
+                for b, p in zip(self.base, self.params):  # copied into the same buffers: no allocation per step
+                    b.copy_(p)
+            else:
+                self.base = [p.detach().clone() for p in self.params]
 
     def after_release(self, record: Any) -> None:
         """A DP optimizer's step hook: the update it just applied is charged."""

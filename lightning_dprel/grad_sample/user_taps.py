@@ -30,15 +30,19 @@ class _Taps:
     """Forward hooks that add the current taps to the watched layers' outputs and keep their inputs."""
 
     def __init__(self, layers: Mapping[str, nn.Linear]) -> None:
-        self.layers, self.taps, self.inputs, self.calls = dict(layers), None, {}, {}
+        self.layers, self.taps, self.inputs, self.calls, self.outputs = dict(layers), None, {}, {}, {}
         self.handles = [m.register_forward_hook(self._hook(n)) for n, m in self.layers.items()]
 
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
             self.calls[name] = self.calls.get(name, 0) + 1
-            if self.taps is None or name in self.taps:
+            if self.taps is None:  # the dry run: the output's shape and dtype, for the taps
+                self.outputs[name] = output
+                return output
+            if name in self.taps:
                 self.inputs[name] = inputs[0]
-            return output if self.taps is None or name not in self.taps else output + self.taps[name]
+                return output + self.taps[name]
+            return output
         return hook
 
     def remove(self) -> None:
@@ -109,9 +113,7 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
         layers = {n: m for n, m in layers.items() if taps.calls.get(n) == 1}  # others: their gradients are formed
         if not layers:
             return None
-        shapes = {n: taps.inputs[n] for n in layers}
-        outs = {n: layers[n](shapes[n].detach()) for n in layers}
-        zeros = {n: torch.zeros((size, *o.shape), dtype=o.dtype, device=o.device) for n, o in outs.items()}
+        zeros = {n: taps.outputs[n].new_zeros((size, *taps.outputs[n].shape)) for n in layers}
         tapped = {f"{n}.{k}" for n, m in layers.items() for k, _ in m.named_parameters(recurse=False)}
         formed = {f"m.{n}": p.detach() for n, p in params.items() if n not in tapped}
 
