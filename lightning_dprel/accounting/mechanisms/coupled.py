@@ -28,7 +28,7 @@ from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
 
 __all__ = [
     "MECHANISMS", "PAPER_EQ3_WARNING", "EXAMPLE_PRIVACY_UNIT", "accounted_degree", "MAX_ACCOUNTED_DEGREE",
-    "per_example_poisson_gaussian",
+    "per_example_poisson_gaussian", "public_items_profile", "public_items_rdp",
 ]
 
 EXAMPLE_PRIVACY_UNIT = EXAMPLE.description
@@ -109,6 +109,27 @@ def per_example_poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: n
     return eq3_rdp(
         orders=orders, num_nodes=1, num_edges=sampling.num_edges, max_degree=1,
         sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma,
+    )
+
+
+def public_items_profile(max_degree: int, neg_per_pos: int = 0) -> np.ndarray:
+    """Δ(i, j)/C = i for both j (negatives drawn from a public vocabulary: only the unit's own ≤ K tuples differ)."""
+    i = np.arange(max_degree + 1, dtype=float)[:, None]
+    return np.repeat(i, 2, axis=1)
+
+
+def public_items_rdp(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """Theorem C.1's mixture with Δ = C·i (no negative-slot term): Σ_i Bin(K', γ)(i)·N(i, σ²) vs N(0, σ²), both ways.
+
+    For units whose negatives come from a public universe (AdvSGM's public node ids, the public items of
+    :mod:`lightning_dprel.methods.entity_items`); at K = 1 it is the per-example Poisson Gaussian.
+    """
+    k_eff = accounted_degree(sampling)
+    # j ≡ 0: the profile does not depend on whether the unit fills a negative slot, so the mixture weights
+    # (1−p)·b_i + p·b_i merge to b_i for every p; neg_per_pos = 0 evaluates exactly that mixture (one plan point).
+    return coupled_rdp(
+        public_items_profile(k_eff), num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=k_eff,
+        sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma, orders=orders,
     )
 
 

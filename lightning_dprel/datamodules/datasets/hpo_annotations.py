@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import HeteroData
 
-__all__ = ["hpoa_path", "load_hpo_annotations", "RELATION", "CATALOGUES"]
+__all__ = ["hpoa_path", "load_hpo_annotations", "load_hpo_disease_phenotypes", "RELATION", "IS_A", "CATALOGUES"]
 
 #: The edge type of the bipartite graph: (private entity, relation, public item).
 RELATION = ("disease", "has", "phenotype")
@@ -78,4 +78,38 @@ def load_hpo_annotations(path: str | Path | None = None, *, catalogues: tuple[st
     data["phenotype"].ids = terms
     data["phenotype"].num_nodes = len(terms)
     data[RELATION].edge_index = edges
+    return data
+
+
+#: The public item graph's edge type: (term, is_a, parent term).
+IS_A = ("phenotype", "is_a", "phenotype")
+
+
+def load_hpo_disease_phenotypes(path: str | Path | None = None, *, obo_path: str | Path | None = None,
+                                root: str = "HP:0000118", catalogues: tuple[str, ...] = ("OMIM",)) -> HeteroData:
+    """Diseases (private entities, with names) linked to the HPO terms under ``root`` (the public vocabulary, every
+    non-obsolete term of the ontology's subtree, with names and the is-a graph ``data[IS_A]``).
+
+    The vocabulary comes from the public ontology, not from the annotations (a term list read off private data would
+    tell which terms some disease has); annotations to terms outside it are dropped.
+    """
+    from lightning_dprel.datamodules.datasets.hpo import _children, _subtree, default_obo_path, parse_obo
+
+    terms = parse_obo(obo_path if obo_path is not None else default_obo_path())
+    if root not in terms:
+        raise ValueError(f"`root` {root!r} is not a term of the ontology.")
+    vocab = sorted(t for t in _subtree(root, _children(terms)) if not terms[t].obsolete)
+    row = {t: i for i, t in enumerate(vocab)}
+    ann = load_hpo_annotations(path, catalogues=catalogues)
+    kept = torch.tensor([row.get(t, -1) for t in ann["phenotype"].ids], dtype=torch.long)
+    d, t = ann[RELATION].edge_index
+    keep = kept[t] >= 0
+    data = HeteroData()
+    data["disease"].ids, data["disease"].names = ann["disease"].ids, ann["disease"].names
+    data["disease"].num_nodes = ann["disease"].num_nodes
+    data["phenotype"].ids, data["phenotype"].names = vocab, [terms[v].name for v in vocab]
+    data["phenotype"].num_nodes = len(vocab)
+    data[RELATION].edge_index = torch.stack([d[keep], kept[t[keep]]])
+    isa = sorted((row[c], row[p]) for c in vocab for p in terms[c].is_a if p in row)
+    data[IS_A].edge_index = torch.tensor(isa, dtype=torch.long).t().reshape(2, -1).contiguous()
     return data

@@ -30,10 +30,9 @@ import math
 
 import numpy as np
 
-from lightning_dprel.accounting.analysis.coupled_rdp import coupled_rdp
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms.coupled import accounted_degree
+from lightning_dprel.accounting.mechanisms.coupled import public_items_profile, public_items_rdp
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
@@ -69,20 +68,9 @@ ADVSGM_PAPER_WARNING = (
 STOP_RULES = ("theorem7", "code_product")
 
 
-def public_ids_profile(max_degree: int, neg_per_pos: int = 0) -> np.ndarray:
-    """Δ(i, j)/C = i for both j (node ids public: only the node's own ≤ K positive tuples differ), shape (K+1, 2)."""
-    i = np.arange(max_degree + 1, dtype=float)[:, None]
-    return np.repeat(i, 2, axis=1)
-
-
-def _skipgram_public_ids(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
-    k_eff = accounted_degree(sampling)
-    # j ≡ 0: the profile does not depend on whether the node fills a negative slot, so the mixture weights
-    # (1−p)·b_i + p·b_i merge to b_i for every p; neg_per_pos = 0 evaluates exactly that mixture (one plan point).
-    return coupled_rdp(
-        public_ids_profile(k_eff), num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=k_eff,
-        sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma, orders=orders,
-    )
+#: Δ(i, j)/C = i (node ids public: only the node's own ≤ K positive tuples differ), shape (K+1, 2).
+public_ids_profile = public_items_profile
+_skipgram_public_ids = public_items_rdp
 
 
 def _rates(sampling: SamplingSpec) -> tuple[float, float]:

@@ -1,0 +1,234 @@
+"""Private entities linked to public items (patients and phenotype terms, customers and products): the datamodule.
+
+Unit :data:`~lightning_dprel.methods.entity_items.accounting.ENTITY_PUBLIC_ITEMS`: one entity with all its raw relations.
+Each entity keeps ≤ K relations chosen by its own keyed hash (:func:`keyed_cap`), so the guarantee holds for the raw
+data. Two samplings of the same relations (``recipe``), both accounted by the ``entity_items`` mechanism:
+
+* ``"entity"`` — entity-as-example (user-level DP-SGD): Poisson entities at q = b/n, one example per entity holding
+  its ≤ K items, so one clip per entity (K = 1 in the SamplingSpec: Δ = C);
+* ``"relation"`` — the core method's sampling: Poisson relations at γ = b/m, one tuple per relation with k negatives
+  drawn from the public item vocabulary (0: the loss ranks all items), Δ = C·i for the entity's i sampled tuples.
+
+Entities are split by a public hash of their id (train private; validation declared public for selection; test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torch_geometric.data import HeteroData
+
+from lightning_dprel.core.checks import check_int
+from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
+from lightning_dprel.core.example_views import TensorRows
+from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
+from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.methods.entity_items.accounting import ENTITY_PUBLIC_ITEMS
+from lightning_dprel.methods.entity_items.capping import keyed_cap
+
+__all__ = ["EntityItemDataModule", "RECIPES", "entity_split"]
+
+RECIPES = ("entity", "relation")
+
+
+def _unit_hash(salt: str, key: str) -> float:
+    return int.from_bytes(hashlib.sha256(f"{salt}\0{key}".encode()).digest()[:8], "big") / 2.0**64
+
+
+def entity_split(ids: list[str], fractions: tuple[float, float, float], salt: str = "split") -> Tensor:
+    """0 / 1 / 2 (train / validation / test) per entity, from a public hash of its id alone (no cascade)."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"`split` must be three fractions >= 0 summing to 1, got {fractions!r}.")
+    u = torch.tensor([_unit_hash(salt, i) for i in ids], dtype=torch.float64)
+    return (u >= fractions[0]).long() + (u >= fractions[0] + fractions[1]).long()
+
+
+class EntityItemDataModule(SteppedDataModule):
+    """Private entities, public items, from a PyG ``HeteroData``.
+
+    Args:
+        data: ``data[relation].edge_index`` ``[2, m]`` (entity row, item row); ``data[entity].ids`` (strings) and
+            features ``x`` (or ``names``, embedded by ``transform``); the same for ``data[item]`` (public).
+        relation: the edge type (entity type, name, item type), e.g. ``("disease", "has", "phenotype")``.
+        recipe: ``"entity"`` (entity-as-example) or ``"relation"`` (the core method's sampling); see the module doc.
+        max_relations: K, relations kept per entity (its keyed hash chooses which).
+        expected_batch_size: b (entities or relations per step in expectation); the private step divides by b.
+        neg_per_pos: k, public negatives per relation tuple (``"relation"`` only; 0: rank all items).
+        split: (train, validation, test) fractions of entities; validation entities are declared public.
+        train_fraction: keep this share of the training entities (by a second public hash; a data-size curve).
+        transform: e.g. :class:`~lightning_dprel.transforms.EmbedText`, for node types without ``x`` (uses ``names``).
+        seed: None (secret keyed stream: cap key and samples) or a public seed (reproducible, voids the guarantee, warns).
+        eval_batch_size: entities per validation / test batch.
+    """
+
+    privacy_unit = ENTITY_PUBLIC_ITEMS.name
+    example_view = TensorRows()
+    state_version = 1
+
+    def __init__(self, data: HeteroData, *, relation: tuple[str, str, str] = ("disease", "has", "phenotype"),
+                 recipe: str = "entity", max_relations: int = 20, expected_batch_size: float = 256.0,
+                 neg_per_pos: int = 0, split: tuple[float, float, float] = (0.8, 0.1, 0.1), train_fraction: float = 1.0,
+                 transform: Any = None, seed: int | None = None, eval_batch_size: int = 1024) -> None:
+        super().__init__()
+        if not isinstance(data, HeteroData):
+            raise TypeError(f"`data` must be a torch_geometric HeteroData, got {type(data).__name__}.")
+        if not (isinstance(relation, (tuple, list)) and len(relation) == 3 and tuple(relation) in data.edge_types):
+            raise ValueError(f"`relation` must be one of the data's edge types {data.edge_types}, got {relation!r}.")
+        if recipe not in RECIPES:
+            raise ValueError(f"`recipe` must be one of {RECIPES}, got {recipe!r}.")
+        self.relation, self.recipe = tuple(relation), recipe
+        self.max_relations = check_int("max_relations", max_relations, 1)
+        self.neg_per_pos = check_int("neg_per_pos", neg_per_pos, 0)
+        if recipe == "entity" and self.neg_per_pos:
+            raise ValueError("`neg_per_pos` is for recipe='relation'; the entity recipe ranks all items.")
+        if not 0.0 < float(train_fraction) <= 1.0:
+            raise ValueError(f"`train_fraction` must be in (0, 1], got {train_fraction}.")
+        self.b, self.train_fraction = float(expected_batch_size), float(train_fraction)
+        self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, 1)
+        if seed is not None:
+            self.warn_seeded(f"EntityItemDataModule(seed={seed})")
+        self.stream = KeyedStream.secret("entity_items") if seed is None else KeyedStream.seeded(seed, "entity_items", warn=False)
+        self._step = 0
+        ent, _, item = self.relation
+        self.entity_ids, self.item_ids = self._ids(data, ent), self._ids(data, item)
+        self.entity_x, self.item_x = self._features(data, ent, transform), self._features(data, item, transform)
+        pairs = data[self.relation].edge_index
+        if pairs.dim() != 2 or pairs.size(0) != 2 or pairs.numel() == 0:
+            raise ValueError(f"data[{self.relation}].edge_index must be a non-empty [2, m] tensor.")
+        if int(pairs[0].max()) >= len(self.entity_ids) or int(pairs[1].max()) >= len(self.item_ids) or int(pairs.min()) < 0:
+            raise ValueError("edge_index holds a row outside its node type's range.")
+        self.item_graph = self._item_graph(data, item)
+        self.part = entity_split(self.entity_ids, tuple(float(f) for f in split))
+        if self.train_fraction < 1.0:
+            keep = torch.tensor([_unit_hash("train_fraction", i) < self.train_fraction for i in self.entity_ids])
+            self.part = torch.where((self.part == 0) & ~keep, torch.full_like(self.part, -1), self.part)
+        self._build(pairs.long())
+
+    # -- construction ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _ids(data: HeteroData, ntype: str) -> list[str]:
+        store = data[ntype]
+        ids = getattr(store, "ids", None)
+        ids = [str(i) for i in (ids if ids is not None else range(store.num_nodes))]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"data[{ntype!r}].ids must be unique.")
+        return ids
+
+    @staticmethod
+    def _features(data: HeteroData, ntype: str, transform: Any) -> Tensor:
+        store = data[ntype]
+        x = getattr(store, "x", None)
+        if x is None:
+            names = getattr(store, "names", None)
+            if names is None or transform is None:
+                raise ValueError(f"data[{ntype!r}] needs features `x`, or `names` and a `transform` (e.g. EmbedText).")
+            x = transform.embeddings(list(names))
+        if not torch.is_tensor(x) or x.dim() != 2 or x.size(0) != store.num_nodes or not torch.isfinite(x).all():
+            raise ValueError(f"data[{ntype!r}].x must be a finite [num_nodes, d] tensor.")
+        return torch.nn.functional.normalize(x.float(), dim=1)
+
+    def _item_graph(self, data: HeteroData, item: str) -> Tensor:
+        graphs = [et for et in data.edge_types if et[0] == item and et[2] == item]
+        return data[graphs[0]].edge_index.long() if graphs else torch.zeros(2, 0, dtype=torch.long)
+
+    def _build(self, pairs: Tensor) -> None:
+        self.all_pairs = pairs  # val / test entities are evaluated on all their relations
+        train = self.part[pairs[0]] == 0
+        tp = pairs[:, train]
+        keep = keyed_cap(self.entity_ids, self.item_ids, tp, self.max_relations, self._cap_key())
+        self.train_pairs = tp[:, keep]
+        self.train_entities = torch.nonzero(self.part == 0).view(-1)
+        if self.train_entities.numel() == 0 or self.train_pairs.size(1) == 0:
+            raise ValueError("No training entity (or relation) is left after the split.")
+        row = torch.full((len(self.entity_ids),), -1, dtype=torch.long)
+        row[self.train_entities] = torch.arange(self.train_entities.numel())
+        items = torch.full((self.train_entities.numel(), self.max_relations), -1, dtype=torch.long)
+        counts = torch.zeros(self.train_entities.numel(), dtype=torch.long)
+        for e, i in self.train_pairs.t().tolist():
+            r = int(row[e])
+            items[r, counts[r]] = i
+            counts[r] += 1
+        self.entity_items = items  # [n, K], -1 padded
+
+    def _cap_key(self) -> bytes:
+        return hashlib.sha256(self.stream.key_now() + b"/keyed_cap").digest()
+
+    # -- what the accountant charges ---------------------------------------------------------------------------
+    @property
+    def num_entities(self) -> int:
+        return int(self.train_entities.numel())
+
+    @property
+    def sampling_spec(self) -> SamplingSpec:
+        n = self.num_entities
+        if self.recipe == "entity":
+            m, k_units = n, 1
+        else:
+            m, k_units = int(self.train_pairs.size(1)), self.max_relations
+        if not 0.0 < self.b <= m:
+            raise ValueError(f"`expected_batch_size` must be in (0, {m}] for recipe {self.recipe!r}, got {self.b}.")
+        rate = self.b / m
+        return SamplingSpec(num_nodes=n, num_edges=m, max_degree=k_units, sampling_rate=rate, neg_per_pos=0,
+                            expected_batch_size=self.b, steps_per_epoch=math.ceil(1.0 / rate),
+                            privacy_unit=self.privacy_unit, num_units=n)
+
+    # -- batches ------------------------------------------------------------------------------------------------
+    def next_batch(self) -> dict[str, Tensor]:
+        """Step ``_step``'s Poisson sample (this rank's share), from the keyed stream."""
+        step, self._step = self._step, self._step + 1
+        spec = self.sampling_spec
+        rank, world = self.world()
+        rows = torch.nonzero(self.stream.child(step, "sample").uniform(spec.num_edges) < spec.sampling_rate).view(-1)
+        rows = rows[rank::world]
+        if self.recipe == "entity":
+            return {"query": self.entity_x[self.train_entities[rows]], "items": self.entity_items[rows]}
+        ent, item = self.train_pairs[:, rows]
+        batch = {"query": self.entity_x[ent], "items": item[:, None]}
+        if self.neg_per_pos:
+            neg = self.stream.child(step, "negatives").randint(len(self.item_ids), rows.numel() * self.neg_per_pos)
+            batch["negatives"] = neg.view(rows.numel(), self.neg_per_pos)
+        return batch
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StepStream(self), batch_size=None)
+
+    def eval_set(self, part: int) -> tuple[Tensor, Tensor]:
+        """(entity rows, dense [E, n_items] relevance over all raw relations) of the validation (1) or test (2) part."""
+        rows = torch.nonzero(self.part == part).view(-1)
+        where = torch.full((len(self.entity_ids),), -1, dtype=torch.long)
+        where[rows] = torch.arange(rows.numel())
+        e, i = self.all_pairs
+        sel = where[e] >= 0
+        target = torch.zeros(rows.numel(), len(self.item_ids), dtype=torch.bool)
+        target[where[e[sel]], i[sel]] = True
+        return rows, target
+
+    def _eval_loader(self, part: int) -> DataLoader:
+        rows, target = self.eval_set(part)
+        batches = [{"query": self.entity_x[r], "target": target[s], "index": s}
+                   for r, s in zip(torch.split(rows, self.eval_batch_size),
+                                   torch.split(torch.arange(rows.numel()), self.eval_batch_size))]
+        return DataLoader(batches, batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(1)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader(2)
+
+    def public_item_pairs(self) -> tuple[Tensor, Tensor]:
+        """The public item graph as (query features, target item): each item's text queries its graph neighbours."""
+        child, parent = self.item_graph
+        return self.item_x[child], parent
+
+    @property
+    def public_data(self) -> dict[str, Any]:
+        """What is public, for ``privacy.json``: the items, their graph and the validation entities."""
+        return {"items": f"{len(self.item_ids)} items ({self.relation[2]}) and their texts",
+                "item_graph": f"{self.item_graph.size(1)} item-item relations",
+                "validation_entities": int((self.part == 1).sum())}

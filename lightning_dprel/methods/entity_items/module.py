@@ -1,0 +1,109 @@
+"""A plain LightningModule that ranks public items for an entity's text: made private by ``PrivacyCallback``.
+
+score(e, j) = ⟨x_e + A·x_e, t_j⟩ / τ (+ β_j), x_e the entity's frozen text embedding, t_j the public item's, A a
+linear adapter (full or rank r, zero at the start: the base encoder) and β an optional per-item bias. The loss is the
+mean over the example's items of −log softmax over all items (or over the item and its k public negatives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+__all__ = ["EntityItemRanker"]
+
+
+class EntityItemRanker(pl.LightningModule):
+    """Rank all public items for an entity (Eq.: softmax over items of adapter-mapped text embeddings).
+
+    Args:
+        item_x: ``[n_items, d]`` public item embeddings (None: read from the datamodule's ``item_x`` at setup).
+        rank: None (a full d×d adapter) or r (A = U·Vᵀ, rank r).
+        item_bias: learn a per-item bias β (a popularity prior).
+        temperature: τ.
+        lr: Adam's learning rate.
+        item_prior: an optional fixed ``[n_items]`` score added to every entity's (e.g. a DP popularity histogram);
+            with ``query_weight=0`` the model ranks by it alone.
+    """
+
+    def __init__(self, item_x: Tensor | None = None, *, dim: int = 384, rank: int | None = None, item_bias: bool = False,
+                 temperature: float = 0.05, lr: float = 3e-3, item_prior: Tensor | None = None,
+                 query_weight: float = 1.0) -> None:
+        super().__init__()
+        if not float(temperature) > 0:
+            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
+        self.temperature, self.lr, self.query_weight = float(temperature), float(lr), float(query_weight)
+        if rank is None:
+            self.adapter = nn.Linear(dim, dim, bias=False)
+            nn.init.zeros_(self.adapter.weight)
+        else:
+            self.adapter = nn.Sequential(nn.Linear(dim, int(rank), bias=False), nn.Linear(int(rank), dim, bias=False))
+            nn.init.normal_(self.adapter[0].weight, std=dim ** -0.5)
+            nn.init.zeros_(self.adapter[1].weight)
+        self.register_buffer("item_x", None if item_x is None else item_x.float())
+        self.register_buffer("item_prior", None if item_prior is None else item_prior.float())
+        self._wants_bias = bool(item_bias)
+        self.item_bias = nn.Parameter(torch.zeros(item_x.size(0))) if item_bias and item_x is not None else None
+        self.ranking: dict[str, Any] = {}
+        self._eval: list[tuple[Tensor, Tensor]] = []
+
+    def setup(self, stage: str) -> None:
+        if self.item_x is None:
+            dm = self.trainer.datamodule if self.trainer is not None else None
+            if dm is None or getattr(dm, "item_x", None) is None:
+                raise ValueError("EntityItemRanker needs `item_x` (the public item embeddings) or a datamodule that has it.")
+            self.item_x = dm.item_x.to(self.device)
+        if self._wants_bias and (self.item_bias is None or self.item_bias.numel() != self.item_x.size(0)):
+            self.item_bias = nn.Parameter(torch.zeros(self.item_x.size(0), device=self.device))
+
+    def forward(self, query: Tensor) -> Tensor:
+        """Scores ``[B, n_items]`` of every item for each query."""
+        q = self.query_weight * (query + self.adapter(query))
+        scores = q @ self.item_x.t() / self.temperature
+        if self._wants_bias:
+            scores = scores + self.item_bias
+        if self.item_prior is not None:
+            scores = scores + self.item_prior
+        return scores
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> Tensor:
+        items = batch["items"]
+        scores = self(batch["query"])
+        if "negatives" in batch:  # the item against its k public negatives (item in column 0)
+            scores = torch.gather(scores, 1, torch.cat([items.clamp(min=0), batch["negatives"]], 1))
+            items = torch.zeros_like(items)
+        logp = torch.log_softmax(scores, dim=1)
+        valid = (batch["items"] >= 0).to(logp.dtype)
+        picked = torch.gather(logp, 1, items.clamp(min=0)) * valid
+        per_example = -picked.sum(1) / valid.sum(1).clamp(min=1.0)
+        return per_example.mean()
+
+    def _collect(self, batch: dict[str, Tensor]) -> None:
+        self._eval.append((self(batch["query"]).float().cpu(), batch["target"].cpu()))
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> None:
+        self._collect(batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int = 0) -> None:
+        self._collect(batch)
+
+    def _report(self, prefix: str) -> None:
+        from lightning_dprel.methods.entity_items.evaluation import ranking_metrics
+
+        scores, target = (torch.cat(t) for t in zip(*self._eval))
+        self._eval = []
+        self.ranking = ranking_metrics(scores, target)
+        for name, value in self.ranking.items():
+            self.log(f"{prefix}_{name}", value, prog_bar=name == "map")
+
+    def on_validation_epoch_end(self) -> None:
+        self._report("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._report("test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam([p for p in self.parameters() if p.requires_grad], lr=self.lr)
