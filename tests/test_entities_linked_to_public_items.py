@@ -205,7 +205,7 @@ def test_unit_mechanism_and_sampling_spec_of_both_recipes():
     n = int((ent.part == 0).sum())
     for dm in (ent, rel):
         assert dm.sampling_spec.privacy_unit == "entity_public_items" and dm.num_entities == n
-        assert dm.sampling_spec.num_nodes == n and dm.sampling_spec.units == n
+        assert dm.sampling_spec.num_nodes == n + len(dm.item_ids) and dm.sampling_spec.units == n
         check_unit("entity_items", dm.sampling_spec.privacy_unit)
         with pytest.raises(ValueError, match="Privacy unit mismatch: mechanism 'standard'"):
             check_unit("standard", dm.sampling_spec.privacy_unit)
@@ -355,3 +355,16 @@ def test_dp_popularity_counts_move_by_at_most_root_k_when_one_entity_is_removed(
         assert move == pytest.approx(math.sqrt(i), abs=1e-4)  # i distinct kept items, each count −1
         moves.append(move)
     assert max(moves) <= math.sqrt(K) + 1e-4 and max(moves) == pytest.approx(math.sqrt(K), abs=1e-4)
+
+
+def test_fast_ranking_metrics_agree_with_torchmetrics_on_signed_scores():
+    from lightning_dprel.methods.entity_items import fast_ranking_metrics, ranking_metrics
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(40, 300, generator=g) * 5 - 2  # many scores <= 0
+    target = torch.rand(40, 300, generator=g) < 0.05
+    target[0] = False  # an entity with nothing relevant is skipped by both
+    slow, fast = ranking_metrics(scores, target), fast_ranking_metrics(scores, target)
+    assert slow.keys() == fast.keys()
+    for k in slow:
+        assert fast[k] == pytest.approx(slow[k], rel=1e-6) and 0 < slow[k] < 1

@@ -72,7 +72,7 @@ def _eps(mechanism, spec, sigma, steps=100, delta=1e-5):
                                                  (100.0, 3.0, 50, 1e-6), (8.0, 0.7, 300, 1e-5)])
 def test_entity_as_example_epsilon_equals_dp_accounting(b, sigma, steps, delta):
     spec = dm_of(expected_batch_size=b).sampling_spec
-    q = b / spec.num_nodes
+    q = b / spec.num_edges
     assert spec.max_degree == 1 and spec.sampling_rate == pytest.approx(q, rel=1e-12)
     ours = per_step_rdp(MECHANISM, spec, sigma)
     ref = _dp_accounting(q, sigma, steps, DEFAULT_ORDERS)
@@ -143,10 +143,7 @@ def test_advsgm_public_ids_gives_the_same_numbers(recipe, k_cap):
         assert _eps(MECHANISM, spec, sigma, steps=250) == _eps("skipgram_public_ids", public_ids, sigma, steps=250)
 
 
-# ---------------------------------------------------------------------- known gap
-@pytest.mark.xfail(strict=True, reason=(
-    "public_items_rdp charges K' = min(K, n) (accounted_degree), n = the spec's num_nodes = training entities; an "
-    "entity's relations go to public items, so it may hold K > n of them and Δ = C·K is under-charged"))
+# ---------------------------------------------------------------------- K above the number of entities
 def test_an_entity_with_more_kept_relations_than_there_are_entities_is_charged_for_all_of_them():
     g = torch.Generator().manual_seed(0)
     data = HeteroData()

@@ -173,7 +173,8 @@ class EntityItemDataModule(SteppedDataModule):
         if not 0.0 < self.b <= m:
             raise ValueError(f"`expected_batch_size` must be in (0, {m}] for recipe {self.recipe!r}, got {self.b}.")
         rate = self.b / m
-        return SamplingSpec(num_nodes=n, num_edges=m, max_degree=k_units, sampling_rate=rate, neg_per_pos=0,
+        # num_nodes: the bipartite graph's, so K' = min(K, n + items) never drops below the relations an entity can keep
+        return SamplingSpec(num_nodes=n + len(self.item_ids), num_edges=m, max_degree=k_units, sampling_rate=rate, neg_per_pos=0,
                             expected_batch_size=self.b, steps_per_epoch=math.ceil(1.0 / rate),
                             privacy_unit=self.privacy_unit, num_units=n)
 
