@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--val-every", type=int, default=20)
+    ap.add_argument("--only", default=None, help="train only the rows whose name contains this (base and non-private always)")
     ap.add_argument("--merge", nargs="+", default=None, help="per-seed JSON files (runs with --seeds in parallel) to summarise")
     args = ap.parse_args()
     if args.merge:
@@ -149,7 +150,8 @@ def main() -> None:
         args.val_every = 3
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"entities_items_{'quick_' if quick else ''}{args.device}" + (f"_s{args.seeds.replace(',', '')}" if args.seeds else "")
+    stem = (f"entities_items_{'quick_' if quick else ''}{args.device}" + (f"_s{args.seeds.replace(',', '')}" if args.seeds else "")
+            + (f"_{args.only.replace(' ', '_').replace('=', '')}" if args.only else ""))
     rows: list[dict] = []
 
     def dm_for(recipe: str, seed: int, fraction: float = 1.0, b: float | None = None):
@@ -165,17 +167,21 @@ def main() -> None:
             facts["torchmetrics_check"] = check
         rows.append({"row": name, "seed": seed, **{f"test_{k}": v for k, v in test.items()}, **facts})
         print(f"{name:<34} seed {seed}: test MAP {test['map']:.4f}  R@20 {test['recall@20']:.4f}  {facts}", flush=True)
-        (out / f"{stem}.json").write_text(json.dumps({"config": cfg, "device": args.device, "rows": rows}, indent=1))
+        (out / f"{stem}.json").write_text(json.dumps({"config": cfg, "device": args.device, "rows": rows,
+                                                      "privacy": privacy}, indent=1))
 
     def fresh():
         return EntityItemRanker(dm0.item_x, dim=dm0.item_x.size(1), item_bias=cfg["item_bias"], temperature=cfg["tau"])
 
     t_all = time.perf_counter()
+    privacy: dict = {}
     for seed in seeds:
         torch.manual_seed(seed)
         dm0 = dm_for("entity", seed, b=cfg["b_private"])
         n = dm0.num_entities
         delta = 1.0 / (10 * n)
+        privacy = {"privacy_unit": dm0.privacy_unit, "mechanism": "entity_items", "delta": delta,
+                   "public": dm0.public_data}  # what privacy.json declares: the validation entities choose checkpoints
         base = fresh().to(args.device)
         record("base (zero-shot)", seed, base, dm0, val_map=validate(base, dm0)["map"], n=n, delta=delta)
         for eps in (1.0, 4.0):
@@ -203,6 +209,8 @@ def main() -> None:
         record("non-private", seed, m, dm0, **facts)
         for recipe in ("entity", "relation"):
             for eps in EPSILONS if not quick else (4.0,):
+                if args.only and args.only not in f"{recipe} ε={eps:g}":
+                    continue
                 dm = dm_for(recipe, seed, b=cfg["b_private"])
                 m = fresh()
                 m.load_state_dict(warm)
@@ -212,6 +220,8 @@ def main() -> None:
                 name = "entity-as-example" if recipe == "entity" else "core relational (relation sampling)"
                 record(f"{name} ε={eps:g}", seed, m, dm0, **facts)
         for fraction in (0.25, 0.5) if not quick else (0.5,):
+            if args.only and args.only not in f"curve {fraction:g}":
+                continue
             dm = dm_for("entity", seed, fraction=fraction, b=cfg["b_private"] * fraction)
             m = fresh()
             m.load_state_dict(warm)
@@ -222,7 +232,7 @@ def main() -> None:
     summary = summarise(rows)
     (out / f"{stem}.json").write_text(json.dumps({"config": cfg, "device": args.device, "platform": platform.platform(),
                                                   "torch": torch.__version__, "seconds": round(time.perf_counter() - t_all),
-                                                  "rows": rows, "summary": summary}, indent=1))
+                                                  "rows": rows, "summary": summary, "privacy": privacy}, indent=1))
     (out / f"{stem}.md").write_text(markdown(summary, cfg, args.device))
     print(markdown(summary, cfg, args.device))
 
@@ -247,6 +257,7 @@ class _NonPrivate(pl.LightningDataModule):
 
 def merge(files: list[str], out: Path) -> None:
     """One summary (JSON and markdown) from per-seed result files of the same configuration."""
+    out.mkdir(parents=True, exist_ok=True)
     runs = [json.loads(Path(f).read_text()) for f in files]
     if any(r["config"] != runs[0]["config"] for r in runs):
         raise ValueError("The files were run with different configurations.")

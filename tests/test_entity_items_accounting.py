@@ -9,7 +9,6 @@ the standard bound Δ = C(i + 2j), grows with K, and is the same function as Adv
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import numpy as np
 import pytest
@@ -30,12 +29,8 @@ ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 
 INTEGER = DEFAULT_ORDERS == np.round(DEFAULT_ORDERS)
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*a public seed makes this randomness reproducible.*")
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        yield
+pytestmark = [pytest.mark.filterwarnings("ignore:.*a public seed makes this randomness reproducible.*"),
+              pytest.mark.filterwarnings("ignore:.*does not have many workers.*")]
 
 
 def make_data(ne=500, ni=60, max_deg=12, seed=0) -> HeteroData:

@@ -185,10 +185,16 @@ def test_every_lightning_module_of_a_method_is_a_ledger_module():
 
     from lightning_dprel.core.ledger_module import LedgerModule
 
+    from lightning_dprel.core.attached import HAND_MADE_FACTS
+
     modules = _library_classes(LightningModule, METHODS)
     assert len(modules) >= 4
-    offenders = [c.__qualname__ for c in modules if not issubclass(c, LedgerModule)]
-    assert not offenders, f"not LedgerModules: {offenders}"
+    # A method's module carries its own ledger, or is a plain module that PrivacyCallback makes private (issue 33's
+    # attached layer, e.g. entity_items' ranker): such a module must state no privacy fact itself.
+    plain = [c for c in modules if not issubclass(c, LedgerModule)]
+    offenders = [c.__qualname__ for c in plain if any(hasattr(c, name) for name in HAND_MADE_FACTS)]
+    assert not offenders, f"plain modules stating privacy facts: {offenders}"
+    assert [c.__qualname__ for c in plain] == ["EntityItemRanker"], "a new plain method module: list it here"
 
 
 def test_the_library_never_imports_its_fixtures():
