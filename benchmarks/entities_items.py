@@ -118,7 +118,8 @@ def main() -> None:
     ap.add_argument("--seeds", default=None)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--val-every", type=int, default=20)
-    ap.add_argument("--only", default=None, help="train only the rows whose name contains this (base and non-private always)")
+    ap.add_argument("--only", default=None, help="comma-separated: train only the private rows named (e.g. 'relation ε=4,curve "
+                    "0.25'); base, popularity, public-only and non-private always run")
     ap.add_argument("--merge", nargs="+", default=None, help="per-seed JSON files (runs with --seeds in parallel) to summarise")
     args = ap.parse_args()
     if args.merge:
@@ -142,6 +143,7 @@ def main() -> None:
         print(f"wrote {args.save_data}")
         return
     quick = args.quick
+    only = [o.strip() for o in args.only.split(",")] if args.only else []
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if quick else list(SEEDS))
     cfg = dict(K=20, tau=0.05, item_bias=True, lr_private=3e-3, b_private=2048, steps_private=200, clip_norm=1.0,
                lr_nonprivate=2e-3, b_nonprivate=256, steps_nonprivate=1500, lr_public=3e-3, b_public=256, steps_public=300)
@@ -151,7 +153,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = (f"entities_items_{'quick_' if quick else ''}{args.device}" + (f"_s{args.seeds.replace(',', '')}" if args.seeds else "")
-            + (f"_{args.only.replace(' ', '_').replace('=', '')}" if args.only else ""))
+            + ("_" + "_".join(o.replace(" ", "").replace("=", "").replace("ε", "eps") for o in only) if only else ""))
     rows: list[dict] = []
 
     def dm_for(recipe: str, seed: int, fraction: float = 1.0, b: float | None = None):
@@ -209,7 +211,7 @@ def main() -> None:
         record("non-private", seed, m, dm0, **facts)
         for recipe in ("entity", "relation"):
             for eps in EPSILONS if not quick else (4.0,):
-                if args.only and args.only not in f"{recipe} ε={eps:g}":
+                if only and f"{recipe} ε={eps:g}" not in only:
                     continue
                 dm = dm_for(recipe, seed, b=cfg["b_private"])
                 m = fresh()
@@ -220,7 +222,7 @@ def main() -> None:
                 name = "entity-as-example" if recipe == "entity" else "core relational (relation sampling)"
                 record(f"{name} ε={eps:g}", seed, m, dm0, **facts)
         for fraction in (0.25, 0.5) if not quick else (0.5,):
-            if args.only and args.only not in f"curve {fraction:g}":
+            if only and f"curve {fraction:g}" not in only:
                 continue
             dm = dm_for("entity", seed, fraction=fraction, b=cfg["b_private"] * fraction)
             m = fresh()
@@ -261,11 +263,16 @@ def merge(files: list[str], out: Path) -> None:
     runs = [json.loads(Path(f).read_text()) for f in files]
     if any(r["config"] != runs[0]["config"] for r in runs):
         raise ValueError("The files were run with different configurations.")
-    rows = [row for r in runs for row in r["rows"]]
+    rows, seen = [], set()
+    for r in runs:  # the first file that has a (row, seed) gives it; each row keeps its device
+        for row in r["rows"]:
+            if (row["row"], row["seed"]) not in seen:
+                seen.add((row["row"], row["seed"]))
+                rows.append({**row, "device": r["device"]})
     device = runs[0]["device"]
     summary = summarise(rows)
     stem = f"entities_items_{device}"
-    (out / f"{stem}.json").write_text(json.dumps({"config": runs[0]["config"], "device": device, "merged_from": [Path(f).name for f in files],
+    (out / f"{stem}.json").write_text(json.dumps({"config": runs[0]["config"], "device": device, "merged_from": [Path(f).name for f in files], "privacy": next((r["privacy"] for r in runs if r.get("privacy")), None),
                                                   "seconds": [r.get("seconds") for r in runs], "rows": rows, "summary": summary}, indent=1))
     (out / f"{stem}.md").write_text(markdown(summary, runs[0]["config"], device))
     print(markdown(summary, runs[0]["config"], device))
@@ -275,7 +282,8 @@ def summarise(rows: list[dict]) -> dict:
     names = list(dict.fromkeys(r["row"] for r in rows))
     by = {n: [r for r in rows if r["row"] == n] for n in names}
     summary = {n: {"map": statistics.mean(r["test_map"] for r in rs), "recall@20": statistics.mean(r["test_recall@20"] for r in rs),
-                   "per_seed_map": [r["test_map"] for r in rs], "seeds": [r["seed"] for r in rs]} for n, rs in by.items()}
+                   "per_seed_map": [r["test_map"] for r in rs], "seeds": [r["seed"] for r in rs],
+                   "devices": sorted({r.get("device", "") for r in rs} - {""})} for n, rs in by.items()}
     base = {r["seed"]: r["test_map"] for r in by.get("base (zero-shot)", [])}
     best_np = {r["seed"]: r["test_map"] for r in by.get("non-private", [])}
     for n, rs in by.items():
@@ -296,13 +304,15 @@ def summarise(rows: list[dict]) -> dict:
 def markdown(summary: dict, cfg: dict, device: str) -> str:
     lines = [f"# Entities and items (HPO diseases × phenotype terms), device {device}", "",
              f"config: {json.dumps(cfg)}", "",
-             "| row | test MAP (mean) | recall@20 | MAP per seed | share of non-private gain | beats base / public / pop ε=1 / pop ε=4 (seeds) |",
-             "|---|---|---|---|---|---|"]
+             "| row | test MAP (mean) | recall@20 | MAP per seed (seeds) | share of non-private gain | beats base / public / pop ε=1 / pop ε=4 (seeds) | device |",
+             "|---|---|---|---|---|---|---|"]
     for n, s in summary.items():
         share = s.get("share_of_nonprivate_gain")
         beats = s.get("beats")
-        lines.append(f"| {n} | {s['map']:.4f} | {s['recall@20']:.4f} | {', '.join(f'{v:.4f}' for v in s['per_seed_map'])} | "
-                     f"{'' if share is None else f'{100 * share:.0f} %'} | {'' if not beats else ' / '.join(str(v) for v in beats.values())} |")
+        seeds = ", ".join(f"{v:.4f}" for v in s["per_seed_map"]) + f" ({', '.join(str(x) for x in s['seeds'])})"
+        lines.append(f"| {n} | {s['map']:.4f} | {s['recall@20']:.4f} | {seeds} | "
+                     f"{'' if share is None else f'{100 * share:.0f} %'} | {'' if not beats else ' / '.join(str(v) for v in beats.values())} | "
+                     f"{', '.join(s.get('devices', [])) or device} |")
     return "\n".join(lines) + "\n"
 
 

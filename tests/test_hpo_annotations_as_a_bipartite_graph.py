@@ -71,3 +71,55 @@ def test_the_shipped_annotations_load():
     assert len(data["disease"].ids) > 5_000 and len(data["phenotype"].ids) > 5_000 and edges.shape[1] > 100_000
     assert all(d.startswith("OMIM:") for d in data["disease"].ids)
     assert edges.unique(dim=1).shape[1] == edges.shape[1]  # one relation per pair
+
+
+OBO = """format-version: 1.2
+
+[Term]
+id: HP:0000001
+name: All
+
+[Term]
+id: HP:0000118
+name: Phenotypic abnormality
+is_a: HP:0000001
+
+[Term]
+id: HP:0000002
+name: Alpha sign
+is_a: HP:0000118
+
+[Term]
+id: HP:0000003
+name: Beta sign
+is_a: HP:0000002
+
+[Term]
+id: HP:0000005
+name: Retired sign
+is_a: HP:0000118
+is_obsolete: true
+
+[Term]
+id: HP:0000007
+name: Unused sign
+is_a: HP:0000118
+"""
+
+
+def test_disease_phenotypes_take_their_vocabulary_from_the_ontology_not_from_the_annotations(tmp_path):
+    from lightning_dprel.datamodules.datasets.hpo_annotations import IS_A, load_hpo_disease_phenotypes
+
+    obo = tmp_path / "hp.obo"
+    obo.write_text(OBO)
+    data = load_hpo_disease_phenotypes(_write(tmp_path, ROWS), obo_path=obo)
+    # the subtree under HP:0000118, obsolete terms out, an unannotated term in (the vocabulary is public)
+    assert data["phenotype"].ids == ["HP:0000002", "HP:0000003", "HP:0000007", "HP:0000118"]
+    assert data["phenotype"].names[0] == "Alpha sign"
+    assert data["disease"].ids == ["OMIM:1", "OMIM:2"]
+    pairs = {(data["disease"].ids[d], data["phenotype"].ids[t]) for d, t in data[RELATION].edge_index.t().tolist()}
+    assert pairs == {("OMIM:1", "HP:0000002"), ("OMIM:2", "HP:0000002"), ("OMIM:2", "HP:0000003")}
+    isa = {(data["phenotype"].ids[c], data["phenotype"].ids[p]) for c, p in data[IS_A].edge_index.t().tolist()}
+    assert isa == {("HP:0000002", "HP:0000118"), ("HP:0000003", "HP:0000002"), ("HP:0000007", "HP:0000118")}
+    with pytest.raises(ValueError, match="not a term"):
+        load_hpo_disease_phenotypes(_write(tmp_path, ROWS), obo_path=obo, root="HP:9999999")
