@@ -1,4 +1,4 @@
-"""Issue 34's acceptance: private entities (OMIM diseases) linked to public items (HPO terms), 3 seeds.
+"""Private entities (OMIM diseases) linked to public items (HPO terms), 3 seeds.
 
 For a held-out disease (its name only) every term of the HPO's Phenotypic abnormality subtree (18,387, the public
 vocabulary) is ranked; MAP and recall@20 on test diseases (10 % by a public hash of the id; validation 10 %, declared

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine without a package index, from the project root, with `.gpu34/` carried: the carried wheels
 # (cryptography for the keyed stream) under /tmp/site and the embedded HeteroData written here by
-# `python benchmarks/entities_items.py --save-data .gpu34/data.pt`. Runs issue 34's benchmark on the GPU, the three
+# `python benchmarks/entities_items.py --save-data .gpu34/data.pt`. Runs the entities-items benchmark on the GPU, the three
 # seeds as three processes side by side, then merges them. Usage: bash benchmarks/gpu/entities_items.sh OUT_DIR
 set -euo pipefail
 out=${1:-benchmarks/results}
