@@ -24,6 +24,7 @@ from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModu
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.dpsgd import DPPromptTuning, PrivateNodeExamples
+from lightning_dprel.methods.entity_items import EntityItemDataModule
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many workers).*")
 
@@ -47,7 +48,20 @@ FACTORIES: dict[type, Callable[[], Any]] = {
     AdvSGMPaperDataModule: lambda: AdvSGMPaperDataModule(_graph(), batch_size=8, neg_per_pos=1, sampling_seed=0),
     NodeSplitDataModule: lambda: NodeSplitDataModule(SyntheticNodes(40), num_splits=4, sampling_rate=0.5),
     PrivateNodeExamples: lambda: PrivateNodeExamples(_prompt_dm(), expected_batch_size=4.0, sample_seed=0),
+    EntityItemDataModule: lambda: EntityItemDataModule(_entities_and_items(), relation=("user", "has", "item"),
+                                                       max_relations=3, expected_batch_size=4.0, seed=0),
 }
+
+
+def _entities_and_items():
+    from torch_geometric.data import HeteroData
+
+    g = torch.Generator().manual_seed(0)
+    data = HeteroData()
+    data["user"].ids, data["user"].x = [f"u{i}" for i in range(60)], torch.randn(60, 4, generator=g)
+    data["item"].ids, data["item"].x = [f"i{j}" for j in range(10)], torch.randn(10, 4, generator=g)
+    data["user", "has", "item"].edge_index = torch.stack([torch.arange(60).repeat(2), torch.randint(10, (120,), generator=g)])
+    return data
 
 
 def _library_datamodules() -> set[type]:

@@ -107,7 +107,7 @@ class EntityItemDataModule(SteppedDataModule):
         if self.train_fraction < 1.0:
             keep = torch.tensor([_unit_hash("train_fraction", i) < self.train_fraction for i in self.entity_ids])
             self.part = torch.where((self.part == 0) & ~keep, torch.full_like(self.part, -1), self.part)
-        self._build(pairs.long())
+        self._build(torch.unique(pairs.long(), dim=1))  # a repeated (entity, item) pair is one relation
 
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
