@@ -18,9 +18,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many
 
 FAMILY = {"RelationalDataModule": TupleBatch, "SkipGramDataModule": TupleBatch, "PrivateIdsSkipGramDataModule": TupleBatch,
           "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch,
-          "LinkPredictionDataModule": Data}
+          "LinkPredictionDataModule": Data, "EntityItemDataModule": dict}
 #: Batches in PyG's shape for a user's own module: a ``Data`` that carries b and the sample token as attributes.
 PYG_SHAPED = {"LinkPredictionDataModule"}
+#: Rows for a user's own module (a dict of tensors, as DPDataLoader's): the attached layer takes b from the SamplingSpec
+#: and the sample token from the loop, so the batch carries neither; the datamodule's step counts the samples drawn.
+USER_ROWS = {"EntityItemDataModule"}
 
 
 @pytest.mark.parametrize("cls", list(FACTORIES), ids=lambda c: c.__name__)
@@ -29,6 +32,9 @@ def test_each_datamodule_yields_its_familys_batch_with_b_and_the_step_that_drew_
     dm.setup("fit")
     batches = list(islice(iter(dm.train_dataloader()), 2))
     assert [type(b) for b in batches] == [FAMILY[cls.__name__]] * 2
+    if cls.__name__ in USER_ROWS:
+        assert dm._step == 2 and all(isinstance(v, torch.Tensor) for b in batches for v in b.values())
+        return
     assert all(isinstance(b, PrivateBatch) for b in batches) or cls.__name__ in PYG_SHAPED
     assert [b.step for b in batches] == [0, 1]
     assert all(b.expected_batch_size == pytest.approx(dm.sampling_spec.expected_batch_size) for b in batches)
