@@ -105,8 +105,12 @@ def public_loader(dm, batch_size: int, seed: int):
     x, parent = dm.public_item_pairs()
     ds = torch.utils.data.TensorDataset(x, parent[:, None])
     g = torch.Generator().manual_seed(seed)
-    collate = lambda rows: {"query": torch.stack([r[0] for r in rows]), "items": torch.stack([r[1] for r in rows])}
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, generator=g, collate_fn=collate, drop_last=True)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, generator=g, collate_fn=_rows, drop_last=True)
+
+
+def _rows(rows: list) -> dict:
+    """(query, items) pairs as the ranker's batch."""
+    return {"query": torch.stack([r[0] for r in rows]), "items": torch.stack([r[1] for r in rows])}
 
 
 def main() -> None:
@@ -253,8 +257,7 @@ class _NonPrivate(pl.LightningDataModule):
     def train_dataloader(self):
         dm = self.dm
         ds = torch.utils.data.TensorDataset(dm.entity_x[dm.train_entities], dm.entity_items)
-        collate = lambda rows: {"query": torch.stack([r[0] for r in rows]), "items": torch.stack([r[1] for r in rows])}
-        return torch.utils.data.DataLoader(ds, batch_size=int(dm.b), shuffle=True, collate_fn=collate, drop_last=True)
+        return torch.utils.data.DataLoader(ds, batch_size=int(dm.b), shuffle=True, collate_fn=_rows, drop_last=True)
 
 
 def merge(files: list[str], out: Path) -> None:

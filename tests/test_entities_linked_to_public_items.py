@@ -9,7 +9,6 @@ and the released clipped sum by at most C·i (relation sampling, i ≤ K of its 
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import pytorch_lightning as pl
@@ -29,12 +28,8 @@ K = 4
 D = 8
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*a public seed makes this randomness reproducible.*")
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        yield
+pytestmark = [pytest.mark.filterwarnings("ignore:.*a public seed makes this randomness reproducible.*"),
+              pytest.mark.filterwarnings("ignore:.*does not have many workers.*")]
 
 
 def make_data(ne=240, ni=40, *, max_deg=12, seed=0, item_graph=True) -> HeteroData:

@@ -11,8 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.orders import DEFAULT_ORDERS
+from lightning_dprel.accounting.calibration import noise_multiplier_for
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.randomness import KeyedStream
 
@@ -20,15 +19,8 @@ __all__ = ["dp_item_popularity", "gaussian_sigma_for"]
 
 
 def gaussian_sigma_for(epsilon: float, delta: float) -> float:
-    """The smallest σ (to 0.1 %) whose single Gaussian release (α/(2σ²)) is (ε, δ)-DP by the ledger's conversion."""
-    if not (epsilon > 0 and math.isfinite(epsilon)) or not 0 < delta < 1:
-        raise ValueError(f"Need ε > 0 finite and δ in (0, 1), got ε={epsilon}, δ={delta}.")
-    lo, hi = 1e-3, 1e4
-    while hi / lo > 1.001:
-        mid = math.sqrt(lo * hi)
-        eps = rdp_to_epsilon(DEFAULT_ORDERS, DEFAULT_ORDERS / (2 * mid * mid), delta)[0]
-        lo, hi = (mid, hi) if eps > epsilon else (lo, mid)
-    return hi
+    """The σ of one Gaussian release (α/(2σ²)) that spends ε at δ: the library's calibration, mechanism ``gaussian``."""
+    return noise_multiplier_for(epsilon, delta=delta, steps=1, sampling=None, mechanism="gaussian", tol=0.001)
 
 
 def dp_item_popularity(dm, epsilon: float, delta: float, *, ledger=None, seed: int | None = None) -> tuple[Tensor, object]:
