@@ -205,7 +205,7 @@ def test_budget_is_a_pure_decision():
     acc = Accountant("standard")
     acc.step(spec, 1.5, 10)
     eps11 = _independent_eps("standard", [(spec, 1.5, 11)], 1e-5)
-    assert PrivacyBudget(eps11, 1e-5).next_step(acc, spec, 1.5) == (False, pytest.approx(eps11, rel=1e-12))
+    assert PrivacyBudget(eps11, 1e-5).next_step(acc, spec, 1.5) == (False, None)  # ε_next only when stopping
     stop, nxt = PrivacyBudget(0.999 * eps11, 1e-5).next_step(acc, spec, 1.5)
     assert stop and nxt == pytest.approx(eps11, rel=1e-12) and acc.steps == 10  # asking changes nothing
     assert np.all(acc.rdp() == 10 * per_step_rdp("standard", spec, 1.5))

@@ -1,13 +1,19 @@
-"""The accountant: composed RDP of the steps it was given, over a pure mechanism (the ledger is the only history).
+"""The accountant: the composed privacy loss of the steps it was given, as two upper bounds; it reports the smaller.
 
-RDP composes additively over steps (also across steps with different σ or γ), and the (ε, δ) conversion
-is Balle et al. 2020 (the paper's Theorem D.1). The per-step curves come from the mechanism registry and
-are cached, so ``step`` and ``epsilon_after`` cost microseconds after the first call with a given
-(SamplingSpec, σ) — the privacy callback calls both after every training step.
+* **RDP** (always): per-step curves from the mechanism registry, composed additively (also across different σ or γ),
+  converted by Balle et al. 2020 (the paper's Theorem D.1). Cached, so ``step`` costs microseconds.
+* **PLD** (``accountant="pld"``, the default, where every event's mechanism has a proven dominating pair): dp-accounting's
+  privacy-loss distributions composed by FFT (:mod:`lightning_dprel.accounting.pld`); tight up to discretisation.
+
+Both are valid upper bounds on the same composition, so their minimum is one too; :meth:`Accountant.epsilon_bounds` shows
+both and which one gave the reported ε. The privacy callback asks after every step: :meth:`Accountant.live_epsilon`
+evaluates the PLD at a geometric grid of counts (never below the exact value) and :meth:`Accountant.steps_within`
+answers the halting question exactly from a cached search.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,37 +25,72 @@ from lightning_dprel.accounting.mechanisms import (
     check_noise_multiplier,
     check_step_count,
     get_mechanism,
+    step_pld,
 )
 from lightning_dprel.accounting.orders import as_orders
+from lightning_dprel.accounting.pld import VALUE_DISCRETIZATION, identity_pld, pld_epsilon, self_composed
 from lightning_dprel.core.specs import SamplingSpec
 
-__all__ = ["Accountant"]
+__all__ = ["Accountant", "ACCOUNTANTS", "check_accountant", "LIVE_GRID_RATIO"]
+
+#: The accountants: "pld" reports min(PLD, RDP) (PLD where every event has a proven pair); "rdp" reports RDP only.
+ACCOUNTANTS = ("pld", "rdp")
+
+#: Live ε between exact PLD evaluations: the value at the next count of the grid 1, 2, …, 16, then ×1.05 (≤ 5 % more steps).
+LIVE_GRID_RATIO = 1.05
+_LIVE_GRID_EXACT = 16
 
 
+def check_accountant(accountant: str) -> str:
+    """``accountant`` if it is ``"pld"`` or ``"rdp"``, else a ``ValueError`` naming both."""
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(
+            f"`accountant` must be 'pld' (privacy-loss distributions where a dominating pair is proven, RDP elsewhere; "
+            f"the smaller bound is reported) or 'rdp' (Rényi DP only), got {accountant!r}."
+        )
+    return accountant
+
+
+def _grid_count(count: int) -> int:
+    """The smallest count of the live grid that is ≥ ``count``."""
+    if count <= _LIVE_GRID_EXACT:
+        return count
+    g = _LIVE_GRID_EXACT
+    while g < count:
+        g = max(g + 1, math.ceil(g * LIVE_GRID_RATIO))
+    return g
 
 
 class Accountant:
-    """Entity-level privacy accountant for Algorithm 3 (composition of per-step RDP, then Theorem D.1).
+    """Entity-level privacy accountant for Algorithm 3: composition of per-step privacy loss, reported as an (ε, δ).
 
     Args:
         mechanism: a registered mechanism name (default ``"freq_corrected"``, the FREQ-CLIP accounting that
             holds); ``"freq_paper"`` reproduces the paper's Eq. 3; ``"none"`` is refused.
         orders: Rényi orders (default :data:`DEFAULT_ORDERS`).
+        accountant: ``"pld"`` (default): the smaller of the PLD bound (when every event has a proven dominating pair)
+            and the RDP bound; ``"rdp"``: the RDP bound only.
+        value_discretization: the PLD's privacy-loss grid (pessimistic at any width).
 
     Attributes:
-        mechanism: the mechanism name. privacy_unit: what neighbouring datasets differ by.
+        mechanism: the mechanism name. privacy_unit: what neighbouring datasets differ by. accountant: "pld" or "rdp".
 
     Example::
 
-        acc = Accountant("freq_corrected")
+        acc = Accountant("poisson_gaussian")
         acc.step(sampling, noise_multiplier=1.0, num_steps=100)
-        eps, alpha = acc.get_epsilon_and_order(delta=1e-6)
+        acc.get_epsilon(delta=1e-6), acc.epsilon_bounds(delta=1e-6)["bound"]
     """
 
-    def __init__(self, mechanism: str = "freq_corrected", *, orders: object = None) -> None:
+    def __init__(self, mechanism: str = "freq_corrected", *, orders: object = None, accountant: str = "pld",
+                 value_discretization: float = VALUE_DISCRETIZATION) -> None:
         mech = get_mechanism(mechanism)
         self.mechanism: str = mechanism
         self.privacy_unit: str = mech.privacy_unit
+        self.accountant: str = check_accountant(accountant)
+        if not (0.0 < float(value_discretization) <= 0.1):
+            raise ValueError(f"`value_discretization` must be in (0, 0.1], got {value_discretization}.")
+        self._interval = float(value_discretization)
         self._set_orders(orders)
         self._reset()
 
@@ -68,6 +109,18 @@ class Accountant:
         self._run_rdp = np.zeros_like(self._orders)
         self._run_count = 0
         self._steps = 0
+        # PLD: closed runs still to fold into the prefix, the prefix, and caches valid until a run closes.
+        self._pld_pending: list[tuple[tuple, int]] = []
+        self._pld_prefix: Any = identity_pld(self._interval) if self.accountant == "pld" else None
+        self._pld_ok = self.accountant == "pld"
+        self._pld_cache: dict[tuple, Any] = {}
+
+    def _close_run(self) -> None:
+        if self._run is not None and self._run_count:
+            self._closed = self._closed + self._run_count * self._run_rdp
+            if self._pld_ok:
+                self._pld_pending.append((self._run, self._run_count))
+        self._pld_cache = {}
 
     # -- public API -------------------------------------------------------------------------------------
     @property
@@ -89,24 +142,47 @@ class Accountant:
         sigma = check_noise_multiplier(noise_multiplier)
         name = self.mechanism if mechanism is None else mechanism
         rdp = _lookup(name, sampling, sigma, self._key)
-        if self._run == (name, sampling, sigma):
+        run = (name, sampling, sigma)
+        if self._pld_ok and self._run_pld(run) is None:
+            self._pld_ok = False  # one event without a proven pair: this composition has the RDP bound only
+        if self._run == run:
             self._run_count += num_steps
         else:
-            self._closed = self._closed + self._run_count * self._run_rdp
-            self._run, self._run_rdp, self._run_count = (name, sampling, sigma), rdp, num_steps
+            self._close_run()
+            self._run, self._run_rdp, self._run_count = run, rdp, num_steps
         self._steps += num_steps
 
     def rdp(self) -> np.ndarray:
         """The composed RDP curve over :attr:`orders` (a copy)."""
         return self._closed + self._run_count * self._run_rdp
 
+    @property
+    def has_pld(self) -> bool:
+        """True if this accountant composes a PLD (``accountant="pld"`` and every event so far has a proven pair)."""
+        return self._pld_ok
+
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:
-        """(ε, best α) of the steps so far at this δ (Balle et al. 2020; the paper's Theorem D.1)."""
+        """(ε, best α) of the **RDP** bound at this δ (Balle et al. 2020; the paper's Theorem D.1)."""
         return epsilon_from_constants(self._orders, self._c1, self._c2, self.rdp(), check_delta(delta))
 
+    def epsilon_bounds(self, delta: float) -> dict[str, Any]:
+        """Both bounds at δ: ``{"epsilon": the smaller, "bound": "pld" | "rdp", "rdp": ε, "pld": ε or None}``."""
+        rdp = self.get_epsilon_and_order(delta)[0]
+        pld = self._pld_total(check_delta(delta), self._run, 0) if self._pld_ok else None
+        return _bounds(rdp, pld)
+
     def get_epsilon(self, delta: float) -> float:
-        """ε of the steps so far at this δ."""
-        return self.get_epsilon_and_order(delta)[0]
+        """ε of the steps so far at this δ: the smaller valid bound (PLD where available, RDP)."""
+        return self.epsilon_bounds(delta)["epsilon"]
+
+    def live_epsilon(self, delta: float) -> float:
+        """An upper bound on :meth:`get_epsilon` that costs one PLD evaluation per grid count (1…16, then ×1.05):
+        the PLD at the next grid count of the open run (ε grows with steps), or RDP if smaller."""
+        rdp = self.get_epsilon_and_order(delta)[0]
+        if not self._pld_ok or self._run is None:
+            return self.get_epsilon(delta)
+        pld = self._pld_at(check_delta(delta), _grid_count(self._run_count))
+        return min(rdp, pld)
 
     def epsilon_after(
         self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1
@@ -114,12 +190,99 @@ class Accountant:
         """ε if ``num_steps`` more steps with this sampling and σ were taken (no state change)."""
         num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
-        rdp = _lookup(self.mechanism, sampling, sigma, self._key)
-        if self._run == (self.mechanism, sampling, sigma):
-            total = self._closed + (self._run_count + num_steps) * self._run_rdp
-        else:
-            total = self.rdp() + num_steps * rdp
-        return epsilon_from_constants(self._orders, self._c1, self._c2, total, check_delta(delta))[0]
+        delta = check_delta(delta)
+        run = (self.mechanism, sampling, sigma)
+        rdp = epsilon_from_constants(self._orders, self._c1, self._c2, self._rdp_after(run, num_steps), delta)[0]
+        pld = self._pld_total(delta, run, num_steps) if self._pld_ok and self._run_pld(run) is not None else None
+        return _bounds(rdp, pld)["epsilon"]
+
+    def steps_within(self, target_epsilon: float, delta: float, sampling: SamplingSpec, noise_multiplier: float,
+                     *, max_steps: int = 2**40) -> int:
+        """The most further steps with this sampling and σ whose ε stays ≤ ``target_epsilon`` (0 if one exceeds it).
+
+        ε after n steps is the smaller of two bounds, each non-decreasing in n, so n fits iff it fits either; each
+        largest n is found by a doubling and bisection search, cached for this state (the halting check every step
+        is a dictionary lookup)."""
+        from lightning_dprel.accounting.analysis.binomial import bisect_int
+
+        sigma = check_noise_multiplier(noise_multiplier)
+        delta = check_delta(delta)
+        run = (self.mechanism, sampling, sigma)
+        key = ("within", delta, float(target_epsilon), run, self._run == run, None if self._run == run else self._run_count)
+        if key in self._pld_cache:
+            return max(0, self._pld_cache[key] - (self._run_count if self._run == run else 0))
+
+        def fits_rdp(n: int) -> bool:
+            rdp = self._rdp_after(run, n)
+            return epsilon_from_constants(self._orders, self._c1, self._c2, rdp, delta)[0] <= target_epsilon
+
+        def fits_pld(n: int) -> bool:
+            return self._pld_total(delta, run, n) <= target_epsilon
+
+        best = 0
+        for fits, usable in ((fits_rdp, True), (fits_pld, self._pld_ok and self._run_pld(run) is not None)):
+            if not usable or not fits(max(1, best + 1)):
+                continue
+            good, bad = max(1, best + 1), 2 * max(1, best + 1)
+            while bad <= max_steps and fits(bad):
+                good, bad = bad, 2 * bad
+            best = max(best, good if bad > max_steps else bisect_int(fits, good=good, bad=bad))
+        # cached as a total count of the open run when the run continues (valid while it does)
+        self._pld_cache[key] = best + (self._run_count if self._run == run else 0)
+        return best
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _rdp_after(self, run: tuple, n: int) -> np.ndarray:
+        name, sampling, sigma = run
+        if self._run == run:
+            return self._closed + (self._run_count + n) * self._run_rdp
+        return self.rdp() + n * _lookup(name, sampling, sigma, self._key)
+
+    def _run_pld(self, run: tuple) -> Any:
+        name, sampling, sigma = run
+        return step_pld(name, sampling, sigma, self._interval)
+
+    def _prefix(self) -> Any:
+        """PLD of the closed runs (folded in as they are first needed)."""
+        while self._pld_pending:
+            run, count = self._pld_pending.pop(0)
+            self._pld_prefix = self._pld_prefix.compose(self_composed(self._run_pld(run), count))
+        return self._pld_prefix
+
+    def _pld_at(self, delta: float, count: int) -> float:
+        """ε of prefix ∘ (open run)^count (cached)."""
+        key = ("open", delta, count)
+        if key not in self._pld_cache:
+            pld = self._prefix()
+            if count:
+                pld = pld.compose(self_composed(self._run_pld(self._run), count))
+            self._pld_cache[key] = pld_epsilon(pld, delta)
+        return self._pld_cache[key]
+
+    def _pld_total(self, delta: float, run: tuple | None, n: int) -> float:
+        """ε of everything so far plus ``n`` steps of ``run`` (the open run continued, or a new run after it)."""
+        if self._run is not None and (run is None or run == self._run):
+            return self._pld_at(delta, self._run_count + n)
+        if run is None or n == 0:
+            return pld_epsilon(self._prefix(), delta)
+        key = ("new", delta, run, n, self._run_count)
+        if key not in self._pld_cache:
+            head = self._pld_cache.get(("head", self._run_count))
+            if head is None:
+                head = self._prefix()
+                if self._run is not None:
+                    head = head.compose(self_composed(self._run_pld(self._run), self._run_count))
+                self._pld_cache = {k: v for k, v in self._pld_cache.items() if k[0] != "head"}
+                self._pld_cache[("head", self._run_count)] = head
+            self._pld_cache[key] = pld_epsilon(head.compose(self_composed(self._run_pld(run), n)), delta)
+        return self._pld_cache[key]
 
     def __repr__(self) -> str:
-        return f"Accountant(mechanism={self.mechanism!r}, steps={self._steps}, mechanism_unit={self.privacy_unit!r})"
+        return (f"Accountant(mechanism={self.mechanism!r}, accountant={self.accountant!r}, steps={self._steps}, "
+                f"mechanism_unit={self.privacy_unit!r})")
+
+
+def _bounds(rdp: float, pld: float | None) -> dict[str, Any]:
+    use_pld = pld is not None and pld < rdp
+    return {"epsilon": float(pld if use_pld else rdp), "bound": "pld" if use_pld else "rdp", "rdp": float(rdp),
+            "pld": None if pld is None else float(pld)}

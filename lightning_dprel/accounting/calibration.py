@@ -1,19 +1,18 @@
 """Calibration: the noise multiplier for a privacy budget, and the step budget for a noise multiplier.
 
-Both search the mechanism's per-step RDP (composed linearly over steps, converted by Balle et al. 2020),
-so they inherit its upper-bound guarantee: the returned σ (resp. T) never overshoots the target ε.
+Both search the ε the :class:`~lightning_dprel.accounting.Accountant` reports — the smaller of the PLD bound (where
+the mechanism has a proven dominating pair) and the RDP bound, or RDP alone with ``accountant="rdp"`` — so they
+inherit its upper-bound guarantee: the returned σ (resp. T) never overshoots the target ε.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from lightning_dprel.core.checks import positive_finite
-from lightning_dprel.accounting.analysis.binomial import bisect_int
-from lightning_dprel.accounting.conversion import check_delta, rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms import _lookup, _orders_key, check_noise_multiplier, check_step_count
+from lightning_dprel.accounting.accountant import Accountant
+from lightning_dprel.accounting.conversion import check_delta
+from lightning_dprel.accounting.mechanisms import check_noise_multiplier, check_step_count
 from lightning_dprel.accounting.orders import as_orders
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -29,22 +28,36 @@ def _check_target(target_epsilon: float) -> float:
 
 def epsilon_for(
     *, delta: float, steps: int, sampling: SamplingSpec, noise_multiplier: float,
-    mechanism: str = "freq_corrected", orders: object = None,
-) -> tuple[float, float]:
-    """(ε, best α) after ``steps`` identical steps (RDP composition, then the paper's Theorem D.1)."""
-    grid = as_orders(orders)
-    rdp = _lookup(mechanism, sampling, check_noise_multiplier(noise_multiplier), _orders_key(grid))
-    return rdp_to_epsilon(grid, check_step_count("steps", steps) * rdp, check_delta(delta))
+    mechanism: str = "freq_corrected", orders: object = None, accountant: str = "pld",
+) -> tuple[float, str]:
+    """(ε, the bound that gave it: "pld" or "rdp") after ``steps`` identical steps."""
+    acc = Accountant(mechanism, orders=orders, accountant=accountant)
+    acc.step(sampling, check_noise_multiplier(noise_multiplier), check_step_count("steps", steps))
+    bounds = acc.epsilon_bounds(check_delta(delta))
+    return bounds["epsilon"], bounds["bound"]
+
+
+def _spent_accountant(spent: "Accountant | None", mechanism: str, orders: object, accountant: str) -> Accountant:
+    if spent is None:
+        return Accountant(mechanism, orders=orders, accountant=accountant)
+    if not isinstance(spent, Accountant) or spent.mechanism != mechanism:
+        raise ValueError(
+            f"`spent` must be an Accountant of mechanism {mechanism!r} holding what was already spent (e.g. "
+            f"ledger.accountant()), got {spent!r}."
+        )
+    return spent
 
 
 def noise_multiplier_for(
-    target_epsilon: float, *, delta: float, steps: int, sampling: SamplingSpec,
-    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None, spent_rdp: object = None,
+    target_epsilon: float, *, delta: float, steps: int, sampling: SamplingSpec | None,
+    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None, spent: "Accountant | None" = None,
+    accountant: str = "pld",
 ) -> float:
     """The smallest σ (to ``tol``) whose ε after ``steps`` steps is ≤ ``target_epsilon``.
 
-    ``spent_rdp`` (RDP already spent, at ``orders``; e.g. ``ledger.accountant().rdp()``) is added first, so
-    a model that has trained before gets the σ for what is left of its budget.
+    ``spent`` (an :class:`Accountant` of the same mechanism holding what was already spent, e.g.
+    ``ledger.accountant()``) is composed first, so a model that has trained before gets the σ for what is left of its
+    budget; its own ``accountant`` kind is used then.
 
     Bracketing in log σ, then a secant (Illinois) search on log ε(log σ) safeguarded by bisection; ε is
     non-increasing in σ. The returned σ always satisfies ε(σ) ≤ target, and ε(σ) ≥ (1 − tol)·target unless σ hits the
@@ -53,7 +66,7 @@ def noise_multiplier_for(
     Args:
         target_epsilon: ε* > 0. delta: δ ∈ (0, 1). steps: T ≥ 1. sampling: the datamodule's SamplingSpec.
         mechanism: registered mechanism name. tol: relative ε tolerance in (0, 1). orders: Rényi orders.
-        spent_rdp: optional RDP curve already spent, one value per order.
+        spent: optional Accountant of what was already spent. accountant: "pld" (default) or "rdp".
 
     Raises:
         ValueError: on bad input, or if even σ = 10⁴ cannot meet the target.
@@ -63,14 +76,10 @@ def noise_multiplier_for(
     steps = check_step_count("steps", steps)
     if not (0.0 < float(tol) < 1.0):
         raise ValueError(f"`tol` must be in (0, 1), got {tol}.")
-    grid = as_orders(orders)
-    key = _orders_key(grid)
-    spent = np.zeros_like(grid) if spent_rdp is None else np.asarray(spent_rdp, dtype=float)
-    if spent.shape != grid.shape or np.any(~np.isfinite(spent)) or np.any(spent < 0):
-        raise ValueError(f"`spent_rdp` must be finite, >= 0 and have one value per order ({grid.shape}), got shape {spent.shape}.")
+    acc = _spent_accountant(spent, mechanism, as_orders(orders) if spent is None else None, accountant)
 
     def eps(sigma: float) -> float:
-        return rdp_to_epsilon(grid, spent + steps * _lookup(mechanism, sampling, sigma, key), delta)[0]
+        return acc.epsilon_after(sampling, sigma, delta, steps)
 
     # Bracket: lo has ε > target, hi has ε ≤ target.
     sigma = 1.0
@@ -134,26 +143,13 @@ def noise_multiplier_for(
 
 def max_steps_for(
     target_epsilon: float, *, delta: float, noise_multiplier: float, sampling: SamplingSpec,
-    mechanism: str = "freq_corrected", orders: object = None, max_steps: int = 2**62,
+    mechanism: str = "freq_corrected", orders: object = None, max_steps: int = 2**62, accountant: str = "pld",
 ) -> int:
     """The largest T with ε(T steps) ≤ ``target_epsilon`` (0 if even one step exceeds it).
 
-    Exponential then binary search over T on the linearly composed per-step RDP.
+    Doubling then bisection over T (:meth:`Accountant.steps_within`), on each bound.
     """
     target = _check_target(target_epsilon)
-    delta = check_delta(delta)
-    grid = as_orders(orders)
-    rdp = _lookup(mechanism, sampling, check_noise_multiplier(noise_multiplier), _orders_key(grid))
-
-    def ok(t: int) -> bool:
-        return rdp_to_epsilon(grid, t * rdp, delta)[0] <= target
-
-    if not ok(1):
-        return 0
-    good, bad = 1, 2
-    while ok(bad):
-        good = bad
-        if bad >= max_steps:
-            return max_steps
-        bad = min(max_steps, bad * 2)
-    return bisect_int(ok, good=good, bad=bad)
+    acc = Accountant(mechanism, orders=orders, accountant=accountant)
+    return acc.steps_within(target, check_delta(delta), sampling, check_noise_multiplier(noise_multiplier),
+                            max_steps=max_steps)

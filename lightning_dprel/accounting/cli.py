@@ -2,15 +2,18 @@
 
     python -m lightning_dprel.accounting epsilon --nodes N --edges M --max-degree K --sampling-rate G \
         --neg-per-pos k --noise-multiplier S --steps T [--delta D] --clipping {freq,standard,naive} \
-        [--accounting {corrected,paper}] [--json] [--plot PATH.png]
+        [--accounting {corrected,paper}] [--mechanism NAME] [--accountant {pld,rdp}] [--json] [--plot PATH.png]
     python -m lightning_dprel.accounting noise-multiplier … --target-epsilon E [--json] [--plot PATH.png]
     python -m lightning_dprel.accounting plot --nodes N --edges M --max-degree K --sampling-rate G \
         --neg-per-pos k --noise-multiplier S --steps T [--delta D] --out PATH.png [--json]
 
 ``plot`` writes the Figure-2-like comparison (ε against T ≤ the given steps for the paper's Eq. 3, the corrected
 FREQ-CLIP, standard clipping and the naive bound; matplotlib's Agg backend) and prints ε after T steps of each.
-``--delta`` defaults to 1/M (the paper's δ = 1/|E_train|); ``--accounting`` applies to ``freq`` only. A δ that is
-not below 1/N is warned about (as the privacy callback does). Imports numpy and scipy only (no torch).
+``--delta`` defaults to 1/M (the paper's δ = 1/|E_train|); ``--accounting`` applies to ``freq`` only; ``--mechanism``
+names any registered mechanism instead (e.g. ``poisson_gaussian``, ``entity_items``, ``subgraph_replace``).
+``--accountant pld`` (default) reports the smaller of the PLD bound (mechanisms with a proven dominating pair) and the
+RDP bound, and prints both; ``rdp`` reports RDP only. A δ that is not below 1/N is warned about (as the privacy callback
+does). Imports numpy, scipy and dp-accounting only (no torch).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from lightning_dprel.accounting.calibration import epsilon_for, noise_multiplier_for
+from lightning_dprel.accounting.accountant import ACCOUNTANTS, Accountant
+from lightning_dprel.accounting.calibration import noise_multiplier_for
 from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import get_mechanism
 from lightning_dprel.core.specs import SamplingSpec
@@ -57,9 +61,13 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     _add_sampling(p)
-    p.add_argument("--clipping", choices=("freq", "standard", "naive"), required=True)
+    p.add_argument("--clipping", choices=("freq", "standard", "naive"), default=None,
+                   help="the relational method's clipping (or give --mechanism)")
     p.add_argument("--accounting", choices=("corrected", "paper"), default="corrected",
                    help="for --clipping freq: 'corrected' (default, holds) or 'paper' (Eq. 3 as published)")
+    p.add_argument("--mechanism", default=None, help="any registered mechanism name (instead of --clipping)")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default="pld",
+                   help="'pld' (default): the smaller of the PLD and RDP bounds; 'rdp': RDP only")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="PATH.png", default=None, help="save a Figure-2-like ε-vs-T comparison")
 
@@ -148,6 +156,11 @@ def plot_comparison(
     return {"steps": ts.tolist(), **curves}
 
 
+def _bounds_text(bounds: dict, order: float) -> str:
+    pld = "n/a: no proven pair" if bounds["pld"] is None else f"{bounds['pld']:.6g}"
+    return f"{bounds['bound'].upper()} bound; RDP {bounds['rdp']:.6g} at order {order:g}, PLD {pld}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -157,22 +170,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampling = _sampling(args)
         delta = args.delta if args.delta is not None else 1.0 / args.edges
         warn_delta(delta, args.nodes)
-        mech = mechanism_name(args.clipping, args.accounting)
+        if (args.clipping is None) == (args.mechanism is None):
+            raise ValueError("give exactly one of --clipping (the relational method's) and --mechanism (any registered).")
+        mech = args.mechanism or mechanism_name(args.clipping, args.accounting)
         if args.command == "epsilon":
             sigma = args.noise_multiplier
         else:
             sigma = noise_multiplier_for(
-                args.target_epsilon, delta=delta, steps=args.steps, sampling=sampling, mechanism=mech
+                args.target_epsilon, delta=delta, steps=args.steps, sampling=sampling, mechanism=mech,
+                accountant=args.accountant,
             )
-        eps, order = epsilon_for(
-            delta=delta, steps=args.steps, sampling=sampling, noise_multiplier=sigma, mechanism=mech
-        )
+        acc = Accountant(mech, accountant=args.accountant)
+        acc.step(sampling, sigma, args.steps)
+        bounds = acc.epsilon_bounds(delta)
+        eps, order = bounds["epsilon"], acc.get_epsilon_and_order(delta)[1]
         if args.plot:
             plot_comparison(args.plot, sampling, sigma, delta, args.steps)
     except (ValueError, TypeError) as err:
         parser.error(str(err))
     out = {
         "epsilon": eps,
+        "bound": bounds["bound"],
+        "epsilon_rdp": bounds["rdp"],
+        "epsilon_pld": bounds["pld"],
         "order": order,
         "delta": delta,
         "noise_multiplier": sigma,
@@ -186,11 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out))
     elif args.command == "epsilon":
-        print(f"epsilon = {eps:.6g} at order {order:g} (delta = {delta:.3g}, {mech}: {out['description']})")
+        print(f"epsilon = {eps:.6g} ({_bounds_text(bounds, order)}; delta = {delta:.3g}, {mech}: {out['description']})")
     else:
         print(
-            f"noise_multiplier = {sigma:.6g} (epsilon = {eps:.6g} <= {args.target_epsilon:g}, delta = {delta:.3g}, "
-            f"{mech}: {out['description']})"
+            f"noise_multiplier = {sigma:.6g} (epsilon = {eps:.6g} <= {args.target_epsilon:g}, "
+            f"{_bounds_text(bounds, order)}; delta = {delta:.3g}, {mech}: {out['description']})"
         )
     return 0
 

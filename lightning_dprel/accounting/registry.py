@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from lightning_dprel.core.specs import privacy_unit as as_unit  # `privacy_unit`
 __all__ = [
     "Mechanism", "RdpFunction", "register_mechanism", "get_mechanism", "registered_mechanisms",
     "check_module_mechanism", "check_unit", "check_accounting_choice", "check_step_count", "check_noise_multiplier",
-    "check_sampling", "per_step_rdp", "SIGMA_FLOOR",
+    "check_sampling", "per_step_rdp", "step_pld", "SIGMA_FLOOR",
 ]
 
 #: (sampling, noise_multiplier, orders) → per-step RDP at those orders.
@@ -52,6 +52,9 @@ class Mechanism:
         warning: warned once when a run is accounted with it (e.g. a bound that does not hold).
         stands_in_for: other mechanisms whose runs ``PrivacyCallback(mechanism=name)`` may account with
             this bound instead (``naive`` for the paper's Eq. 3 reading of FREQ-CLIP, as in its Figure 2).
+        needs_sampling: False for a release that is not a sampled step (a noised statistic).
+        pld: (SamplingSpec or None, σ, interval) → the privacy-loss distribution of one step, a dominating pair proven
+            in ``docs/accounting.md`` (:mod:`lightning_dprel.accounting.pld`); None: only the RDP bound exists.
     """
 
     name: str
@@ -65,6 +68,7 @@ class Mechanism:
     warning: str | None = None
     stands_in_for: tuple[str, ...] = ()
     needs_sampling: bool = True
+    pld: "Callable[..., Any] | None" = None
 
     @property
     def privacy_unit(self) -> str:
@@ -80,14 +84,15 @@ def register_mechanism(
     name: str, rdp: RdpFunction, *, description: str, privacy_unit: "PrivacyUnit | str | None" = ENTITY,
     coupled: bool = False, overwrite: bool = False, label: str | None = None,
     clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
-    stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True,
+    stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True, pld: "Callable[..., Any] | None" = None,
 ) -> Mechanism:
     """Add a mechanism to the registry (and clear the per-step cache).
 
     A mechanism with ``clipping`` (the module clipping modes it bounds) is usable end to end:
     ``DPRelationalModule(clipping=..., accounting=<accounting or name>)`` selects it, and the privacy
     callback and ledger charge it. ``privacy_unit`` (a :class:`~lightning_dprel.core.specs.PrivacyUnit` or a known unit's
-    name) is the unit the bound is proven for: runs whose datamodule samples for another unit are refused.
+    name) is the unit the bound is proven for: runs whose datamodule samples for another unit are refused. ``pld``
+    gives the tight accountant the mechanism's dominating pair; give it only with a proof that the pair dominates.
     """
     if not isinstance(name, str) or not name or name == "none":
         raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
@@ -104,10 +109,11 @@ def register_mechanism(
     unit = None if privacy_unit is None else as_unit(privacy_unit)
     mech = Mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
-        bool(needs_sampling),
+        bool(needs_sampling), pld,
     )
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()
+    _cached_pld.cache_clear()
     return mech
 
 
@@ -227,6 +233,20 @@ def _cached_rdp(name: str, sampling: SamplingSpec, sigma: float, orders: tuple[f
         raise RuntimeError(f"Mechanism {name!r} returned an invalid RDP curve (shape {out.shape}, NaN or < 0).")
     out.setflags(write=False)
     return out
+
+
+@lru_cache(maxsize=64)
+def _cached_pld(name: str, sampling: SamplingSpec | None, sigma: float, interval: float) -> Any:
+    fn = _REGISTRY[name].pld
+    return None if fn is None else fn(sampling, sigma, interval)
+
+
+def step_pld(mechanism: str, sampling: SamplingSpec | None, noise_multiplier: float, interval: float) -> Any:
+    """The privacy-loss distribution of one step (validated, cached), or None if the mechanism has no proven pair."""
+    mech = get_mechanism(mechanism)
+    if mech.needs_sampling or sampling is not None:
+        check_sampling(sampling, coupled=mech.coupled)
+    return _cached_pld(mechanism, sampling, check_noise_multiplier(noise_multiplier), float(interval))
 
 
 def _orders_key(orders: object) -> tuple[float, ...] | None:

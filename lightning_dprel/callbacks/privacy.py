@@ -19,6 +19,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for
+from lightning_dprel.accounting.accountant import check_accountant
 from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING, check_accounting_choice, check_module_mechanism, check_unit
 from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
@@ -60,6 +61,8 @@ class PrivacyCallback(Callback):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for projects without a datamodule
             that exposes one; if both exist they must be equal.
         orders: Rényi orders for the accountant (default: the accountant's).
+        accountant: ``"pld"`` (default): ε is the smaller of the privacy-loss-distribution bound (for mechanisms with
+            a proven dominating pair) and the RDP bound — calibration, the bar and the halt use it; ``"rdp"``: RDP only.
         clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required), σ (default 1.0;
             ``calibrate=True`` replaces it), and whether its training_step logs (computed without noise) are kept.
 
@@ -91,6 +94,7 @@ class PrivacyCallback(Callback):
         calibrate: bool = False,
         sampling_spec: Optional[SamplingSpec] = None,
         orders: Optional[Sequence[float]] = None,
+        accountant: str = "pld",
         clip_norm: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
         log_private_metrics: bool = False,
@@ -104,6 +108,7 @@ class PrivacyCallback(Callback):
         self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
         self._saved_ledger: Optional[dict] = None  # an attached layer's, from the checkpoint
         self.orders = None if orders is None else tuple(float(a) for a in orders)
+        self.accountant_kind = check_accountant(accountant)
         self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
 
         self.mechanism, self.delta = mechanism, delta
@@ -128,14 +133,15 @@ class PrivacyCallback(Callback):
     @property
     def accountant(self) -> Optional[Accountant]:
         """An accountant over every private step of the model's ledger."""
-        return None if self._ledger is None else self._ledger.accountant(mechanism=self.mechanism, orders=self.orders)
+        return None if self._ledger is None else self._ledger.accountant(
+            mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
 
     @property
     def epsilon(self) -> float:
         """ε the model has spent at :attr:`delta` (0.0 before any step; ``inf`` after an un-noised step)."""
         if self._ledger is None or self.delta is None:
             return 0.0
-        return self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders)
+        return self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
 
     @property
     def steps(self) -> int:
@@ -217,14 +223,16 @@ class PrivacyCallback(Callback):
         self._lookahead = new_steps
         expected, self._releases = self._releases, max(self._releases, self._ledger.last_releases)
         self.noise_multiplier = self._ledger.last_noise_multiplier
-        epsilon = self.epsilon
+        # the bar's ε: the reported bound at the next count of a geometric grid (≥ the exact value; Accountant.live_epsilon)
+        epsilon = self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders,
+                                       accountant=self.accountant_kind, live=True)
         self.history.append((steps, epsilon))
         self._log_epsilon(trainer, pl_module, epsilon)
         if self.target_epsilon is None:
             return
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
         sigma = self._next_sigma(noise_spec_of(self._layer))
-        composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders)  # the one ε above came from it
+        composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
         stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             self._set_stop(trainer, next_eps)
@@ -266,6 +274,7 @@ class PrivacyCallback(Callback):
             "calibrated": self._calibrated,
             "stopped_step": self.stopped_step,
             "history": [[int(t), float(e)] for t, e in self.history],
+            "accountant": self.accountant_kind,
         }
 
     @override
@@ -325,14 +334,15 @@ class PrivacyCallback(Callback):
         sigma = math.sqrt(releases) * float(
             noise_multiplier_for(
                 self.target_epsilon, delta=self.delta, steps=total, sampling=sampling, mechanism=self.mechanism,
-                orders=spent.orders, spent_rdp=spent.rdp(),
+                spent=spent,
             )
         )
         self._calibrated = True
         already = f", after the {spent.steps} private steps the model already took" if spent.steps else ""
         rank_zero_info(
             f"PrivacyCallback: calibrated σ = {sigma:.6g} so that {total} steps{already} spend ε ≤ "
-            f"{self.target_epsilon} at δ = {self.delta:.3g} ({ACCOUNTING_LABELS[self.mechanism]})."
+            f"{self.target_epsilon} at δ = {self.delta:.3g} ({ACCOUNTING_LABELS[self.mechanism]}, "
+            f"{'the smaller of the PLD and RDP bounds' if self.accountant_kind == 'pld' else 'RDP'})."
         )
         setter(sigma)
         for logger in trainer.loggers:

@@ -26,10 +26,15 @@ class PrivacyBudget:
         self.target_epsilon = float(target_epsilon)
         self.delta = float(delta)
 
-    def next_step(self, accountant: Accountant, sampling: SamplingSpec, noise_multiplier: float, num_steps: int = 1) -> tuple[bool, float]:
-        """``(stop, ε_next)``: stop when ``num_steps`` more steps at this σ would exceed the target."""
-        eps_next = float(accountant.epsilon_after(sampling, noise_multiplier, self.delta, num_steps=num_steps))
-        return eps_next > self.target_epsilon, eps_next
+    def next_step(self, accountant: Accountant, sampling: SamplingSpec, noise_multiplier: float,
+                  num_steps: int = 1) -> tuple[bool, float | None]:
+        """``(stop, ε_next)``: stop when ``num_steps`` more steps at this σ would exceed the target; ``ε_next`` (what they
+        would spend, by the accountant's reported bound) is computed only when stopping (else None): the decision
+        itself is a cached :meth:`~lightning_dprel.accounting.Accountant.steps_within` lookup."""
+        fits = accountant.steps_within(self.target_epsilon, self.delta, sampling, noise_multiplier)
+        if num_steps <= fits:
+            return False, None
+        return True, float(accountant.epsilon_after(sampling, noise_multiplier, self.delta, num_steps=num_steps))
 
     def __repr__(self) -> str:
         return f"PrivacyBudget(target_epsilon={self.target_epsilon}, delta={self.delta})"

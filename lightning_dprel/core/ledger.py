@@ -8,7 +8,7 @@ releases that are not optimizer steps (:class:`~lightning_dprel.core.events.Gaus
 Every event must be for one privacy unit: the datamodule's (:class:`~lightning_dprel.core.specs.PrivacyUnit`), which the
 mechanism must be proven for. The ledger is part of the module's checkpoint, so a second
 ``fit``, a resume, or a fit without the privacy callback continues from what was spent; the accountant
-composes the ledger (RDP adds over segments with different σ, C or sampling). A step without noise is
+composes the ledger (RDP adds over segments with different σ, C or sampling; PLDs compose by convolution). A step without noise is
 recorded too, and makes ε infinite.
 
 References:
@@ -218,18 +218,19 @@ class PrivacyLedger:
             check_unit(name, self.unit)
         return name
 
-    def accountant(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:
-        """A fresh :class:`Accountant` holding every accountable private step (``mechanism`` may name a stand-in)."""
-        acc = Accountant(self._mechanism_name(mechanism), orders=orders)
+    def accountant(self, *, mechanism: str | None = None, orders: object = None, accountant: str = "pld") -> Accountant:
+        """A fresh :class:`Accountant` holding every accountable private step (``mechanism`` may name a stand-in;
+        ``accountant`` "pld" reports the smaller of the PLD and RDP bounds, "rdp" the RDP bound only)."""
+        acc = Accountant(self._mechanism_name(mechanism), orders=orders, accountant=accountant)
         self._replay(acc, 0, 0)
         return acc
 
-    def composed(self, *, mechanism: str | None = None, orders: object = None) -> Accountant:
+    def composed(self, *, mechanism: str | None = None, orders: object = None, accountant: str = "pld") -> Accountant:
         """Like :meth:`accountant`, but one cached accountant brought up to date with the steps charged since the
         last call (the callback asks after every step). Read it; do not step it."""
         name = self._mechanism_name(mechanism)
-        key = (name, None if orders is None else tuple(float(a) for a in orders))
-        acc, index, done = self._cache.get(key) or (Accountant(name, orders=orders), 0, 0)
+        key = (name, None if orders is None else tuple(float(a) for a in orders), accountant)
+        acc, index, done = self._cache.get(key) or (Accountant(name, orders=orders, accountant=accountant), 0, 0)
         self._cache[key] = (acc, *self._replay(acc, index, done))
         return acc
 
@@ -245,13 +246,22 @@ class PrivacyLedger:
                 acc.step(seg.sampling, seg.noise_multiplier, seg.steps - skip, mechanism=name)
         return (len(self._segments) - 1, self._segments[-1].steps) if self._segments else (0, 0)
 
-    def epsilon(self, delta: float, *, mechanism: str | None = None, orders: object = None) -> float:
-        """ε of everything spent at δ (``inf`` if any step ran without noise, 0 before any step)."""
+    def epsilon_bounds(self, delta: float, *, mechanism: str | None = None, orders: object = None,
+                       accountant: str = "pld") -> dict[str, Any]:
+        """Both bounds at δ (``{"epsilon", "bound", "rdp", "pld"}``; ε infinite after an un-noised step, 0 before any)."""
         if self.unprotected_steps:
-            return math.inf
+            return {"epsilon": math.inf, "bound": "none", "rdp": math.inf, "pld": None}
         if not self._segments or not any(s.mechanism != "none" for s in self._segments):
-            return 0.0
-        return float(self.composed(mechanism=mechanism, orders=orders).get_epsilon(delta))
+            return {"epsilon": 0.0, "bound": "none", "rdp": 0.0, "pld": None}
+        return self.composed(mechanism=mechanism, orders=orders, accountant=accountant).epsilon_bounds(delta)
+
+    def epsilon(self, delta: float, *, mechanism: str | None = None, orders: object = None, accountant: str = "pld",
+                live: bool = False) -> float:
+        """ε of everything spent at δ (``inf`` if any step ran without noise, 0 before any step): the smaller valid
+        bound. ``live``: an upper bound on it that is cheap after every step (:meth:`Accountant.live_epsilon`)."""
+        if live and not self.unprotected_steps and any(s.mechanism != "none" for s in self._segments):
+            return float(self.composed(mechanism=mechanism, orders=orders, accountant=accountant).live_epsilon(delta))
+        return float(self.epsilon_bounds(delta, mechanism=mechanism, orders=orders, accountant=accountant)["epsilon"])
 
     def after(self, events: "list[GaussianRelease]") -> "PrivacyLedger":
         """A copy of this ledger with ``events`` charged too (what spending them would cost; this ledger is unchanged)."""

@@ -167,6 +167,17 @@ class LedgerModule(LightningModule):
             return math.inf if ledger.unprotected_steps else 0.0
         return float(ledger.epsilon(delta))
 
+    def epsilon_bounds(self, delta: float | None = None) -> dict[str, Any] | None:
+        """Both valid upper bounds at δ and which one :meth:`epsilon` reports (``privacy.json``'s ``epsilon_bounds``):
+        ``{"bound": "pld" | "rdp", "rdp": ε, "pld": ε or None (no proven dominating pair)}``; None without a δ."""
+        delta = self.report_delta(delta)
+        if delta is None:
+            return None
+        if math.isinf(self.epsilon(delta)):  # an un-noised release (or a view the method does not cover): no bound
+            return {"bound": "none", "rdp": _number(math.inf), "pld": None}
+        b = self.privacy_ledger.epsilon_bounds(delta)
+        return {"bound": b["bound"], "rdp": _number(b["rdp"]), "pld": None if b["pld"] is None else _number(b["pld"])}
+
     def privacy_details(self) -> dict[str, Any]:
         """This model's own fields of ``privacy.json`` (σ, C, clipping; PATE's queries and thresholds)."""
         return {}
@@ -198,6 +209,7 @@ class LedgerModule(LightningModule):
         return {
             "epsilon": _number(self.epsilon(delta)),
             "delta": delta,
+            "epsilon_bounds": self.epsilon_bounds(delta),
             "steps": ledger.steps,
             "private_steps": ledger.private_steps,
             "unprotected_steps": ledger.unprotected_steps,
@@ -222,8 +234,9 @@ class LedgerModule(LightningModule):
         eps = self.epsilon()
         if ledger.unprotected_steps:
             return {"text": "none (non-private run; no epsilon is claimed)", "epsilon": math.inf}
-        text = (f"epsilon = {eps:.4f} (delta = {r['delta']:.3g}, target {target}), steps = {ledger.private_steps}, "
-                f"sigma = {r['noise_multiplier']:.4g}, accounting: {r['accounting']}")
+        bound = (r.get("epsilon_bounds") or {}).get("bound", "rdp").upper()
+        text = (f"epsilon = {eps:.4f} (delta = {r['delta']:.3g}, target {target}; {bound} bound), steps = "
+                f"{ledger.private_steps}, sigma = {r['noise_multiplier']:.4g}, accounting: {r['accounting']}")
         return {"text": text, "epsilon": eps, "delta": r["delta"], "target": target, "steps": ledger.private_steps,
                 "sigma": r["noise_multiplier"], "accounting": r["accounting"], "mechanism": r["mechanism"]}
 

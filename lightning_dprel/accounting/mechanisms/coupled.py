@@ -22,13 +22,15 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.coupled_rdp import coupled_rdp
 from lightning_dprel.accounting.analysis.sampled_gaussian import eq3_rdp
+from lightning_dprel.accounting.pld import binomial_mixture_pld, poisson_gaussian_pld
 from lightning_dprel.accounting.profiles import freq_corrected_profile, standard_profile
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
 
 __all__ = [
     "MECHANISMS", "PAPER_EQ3_WARNING", "EXAMPLE_PRIVACY_UNIT", "accounted_degree", "MAX_ACCOUNTED_DEGREE",
-    "per_example_poisson_gaussian", "public_items_profile", "public_items_rdp",
+    "per_example_poisson_gaussian", "per_example_poisson_gaussian_pld", "public_items_profile", "public_items_rdp",
+    "public_items_pld",
 ]
 
 EXAMPLE_PRIVACY_UNIT = EXAMPLE.description
@@ -112,6 +114,11 @@ def per_example_poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: n
     )
 
 
+def per_example_poisson_gaussian_pld(sampling: SamplingSpec, sigma: float, interval: float):
+    """PLD of one example clipped to C, Poisson at rate γ, add/remove: ((1−γ)N(0, σ²) + γN(1, σ²), N(0, σ²))."""
+    return poisson_gaussian_pld(float(sampling.sampling_rate), sigma, interval)
+
+
 def public_items_profile(max_degree: int, neg_per_pos: int = 0) -> np.ndarray:
     """Δ(i, j)/C = i for both j (negatives drawn from a public vocabulary: only the unit's own ≤ K tuples differ)."""
     i = np.arange(max_degree + 1, dtype=float)[:, None]
@@ -131,6 +138,12 @@ def public_items_rdp(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -
         public_items_profile(k_eff), num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=k_eff,
         sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma, orders=orders,
     )
+
+
+def public_items_pld(sampling: SamplingSpec, sigma: float, interval: float):
+    """PLD of :func:`public_items_rdp`'s mixture, Σ_i Bin(K', γ)(i) N(i, σ²) vs N(0, σ²): it dominates every
+    hockey-stick divergence of the real mechanism (Neyman–Pearson; ``docs/accounting.md``, "Tight accounting")."""
+    return binomial_mixture_pld(accounted_degree(sampling), float(sampling.sampling_rate), sigma, interval)
 
 
 register_mechanism(
@@ -155,5 +168,6 @@ register_mechanism(
 register_mechanism(
     "poisson_gaussian", per_example_poisson_gaussian, coupled=False, privacy_unit=EXAMPLE,
     label="per-example Poisson Gaussian", clipping=("standard",),  # each example clipped to C, add/remove: Δ = C
+    pld=per_example_poisson_gaussian_pld,
     description="per-example Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019)",
 )

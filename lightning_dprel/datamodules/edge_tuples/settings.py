@@ -169,8 +169,7 @@ def suggest_settings(
         if release.unit != spec.privacy_unit:
             raise ValueError(f"a release for the unit {release.unit!r} cannot be composed with training for {spec.privacy_unit!r}.")
         acc.step(None, release.noise_multiplier, release.count, mechanism=release.mechanism)
-    sigma = noise_multiplier_for(target_epsilon, delta=delta, steps=steps, sampling=spec, mechanism=mechanism,
-                                 orders=acc.orders, spent_rdp=acc.rdp())
+    sigma = noise_multiplier_for(target_epsilon, delta=delta, steps=steps, sampling=spec, mechanism=mechanism, spent=acc)
     return Settings(max_degree, b, steps, float(sigma), float(target_epsilon), delta, num_relations)
 
 

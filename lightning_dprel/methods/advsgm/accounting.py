@@ -32,7 +32,7 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms.coupled import public_items_profile, public_items_rdp
+from lightning_dprel.accounting.mechanisms.coupled import public_items_pld, public_items_profile, public_items_rdp
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
@@ -167,6 +167,7 @@ def advsgm_paper_stop_iteration(
 register_mechanism(
     "skipgram_public_ids", _skipgram_public_ids, coupled=False, privacy_unit=NODE_PUBLIC_IDS,
     label="skip-gram, public ids (Thm C.1, j≡0)", clipping=("standard",), accounting="skipgram_public_ids",
+    pld=public_items_pld,
     description="skip-gram with negatives from public node ids: Theorem C.1's mixture with Δ=C·i (no negative-slot term)",
 )
 register_mechanism(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp, substitution_rdp
+from lightning_dprel.accounting.pld import replace_one_pld
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
 
@@ -34,13 +35,19 @@ def _subgraph_replace(sampling: SamplingSpec, sigma: float, orders: np.ndarray) 
     return substitution_rdp(float(sampling.sampling_rate), sigma, orders)
 
 
+def _subgraph_replace_pld(sampling: SamplingSpec, sigma: float, interval: float):
+    """Replace-one pair ((1−q)N(0) + qN(1), (1−q)N(0) + qN(−1)): it dominates the d-dimensional mechanism whatever the two
+    subgraphs' clipped gradients are (Neyman–Pearson; ``docs/accounting.md``, "Tight accounting")."""
+    return replace_one_pld(float(sampling.sampling_rate), sigma, interval)
+
+
 def _gcn_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
     return poisson_gaussian_rdp(float(sampling.sampling_rate), sigma, orders)
 
 
 register_mechanism(
     "subgraph_replace", _subgraph_replace, coupled=False, privacy_unit=NODE_IN_SUBGRAPH,
-    label="DP-GCN subgraphs (replace-one)", clipping=("standard",), accounting="subgraph_replace",
+    label="DP-GCN subgraphs (replace-one)", clipping=("standard",), accounting="subgraph_replace", pld=_subgraph_replace_pld,
     description="Poisson-sampled subgraphs, one node changes one subgraph: replace-one bound min(2α/σ², weak triangle)",
 )
 register_mechanism(

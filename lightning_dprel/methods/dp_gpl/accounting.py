@@ -4,7 +4,7 @@ Alg. 1): prompt tuning where each private labelled node v is one example, its ow
 
 from __future__ import annotations
 
-from lightning_dprel.accounting.mechanisms.coupled import per_example_poisson_gaussian
+from lightning_dprel.accounting.mechanisms.coupled import per_example_poisson_gaussian, per_example_poisson_gaussian_pld
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, register_privacy_unit
 
@@ -20,7 +20,7 @@ LABELLED_NODE = register_privacy_unit(PrivacyUnit(
 register_mechanism(
     "labelled_node_gaussian", per_example_poisson_gaussian, coupled=False, privacy_unit=LABELLED_NODE,
     label="DP-SGD, one example per labelled node (Poisson Gaussian)", clipping=("standard",),
-    accounting="labelled_node_gaussian",
+    accounting="labelled_node_gaussian", pld=per_example_poisson_gaussian_pld,
     description="Poisson-subsampled Gaussian at rate γ: in the public view each labelled node is exactly one example "
                 "(its own G[V_pub ∪ {v}], seen by no other example), so removing it removes one clipped per-example "
                 "gradient (sensitivity C)",

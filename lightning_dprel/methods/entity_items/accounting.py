@@ -12,7 +12,7 @@ clipped term per entity) and is then exactly the Poisson subsampled Gaussian (Mi
 
 from __future__ import annotations
 
-from lightning_dprel.accounting.mechanisms.coupled import public_items_rdp
+from lightning_dprel.accounting.mechanisms.coupled import public_items_pld, public_items_rdp
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, register_privacy_unit
 
@@ -28,6 +28,6 @@ MECHANISM = "entity_items"
 
 register_mechanism(
     MECHANISM, public_items_rdp, coupled=False, privacy_unit=ENTITY_PUBLIC_ITEMS, label="entities, public items (Δ=C·i)",
-    clipping=("standard",), accounting=MECHANISM,
+    clipping=("standard",), accounting=MECHANISM, pld=public_items_pld,
     description="private entities, public items: Theorem C.1's mixture with Δ=C·i (K=1: Poisson subsampled Gaussian)",
 )
