@@ -89,12 +89,14 @@ def fit(model, dm, *, steps: int, device: str, val_every: int, private: dict | N
     cbs: list = [keep]
     if private is not None:
         cbs.insert(0, PrivacyCallback(target_epsilon=private["epsilon"], delta=private["delta"],
-                                      clip_norm=private["clip_norm"], calibrate=True))
+                                      clip_norm=private["clip_norm"], calibrate=True,
+                                      accountant=private.get("accountant", "pld")))
     t0 = time.perf_counter()
     trainer(steps, cbs, device).fit(model, dm)
     facts = {"seconds": round(time.perf_counter() - t0, 1), "best_step": keep.best_step, "val_map": keep.best_score}
     if private is not None:
-        facts["epsilon"] = cbs[0].ledger.epsilon(private["delta"])
+        facts["epsilon"] = cbs[0].ledger.epsilon(private["delta"], accountant=private.get("accountant", "pld"))
+        facts["epsilon_bounds"] = cbs[0].ledger.epsilon_bounds(private["delta"])
         facts["sigma"], facts["steps"] = cbs[0].noise_multiplier, cbs[0].steps
     model.load_state_dict(keep.best_state)
     return model, facts
@@ -124,6 +126,8 @@ def main() -> None:
     ap.add_argument("--val-every", type=int, default=20)
     ap.add_argument("--only", default=None, help="comma-separated: train only the private rows named (e.g. 'relation ε=4,curve "
                     "0.25'); base, popularity, public-only and non-private always run")
+    ap.add_argument("--accountant", default="pld", help="comma-separated accountants for the private rows: 'pld' (default: "
+                    "the smaller of the PLD and RDP bounds), 'rdp'; rows under 'rdp' are named '… [RDP accountant]'")
     ap.add_argument("--merge", nargs="+", default=None, help="per-seed JSON files (runs with --seeds in parallel) to summarise")
     args = ap.parse_args()
     if args.merge:
@@ -148,6 +152,9 @@ def main() -> None:
         return
     quick = args.quick
     only = [o.strip() for o in args.only.split(",")] if args.only else []
+    accountants = [a.strip() for a in args.accountant.split(",")]
+    if not accountants or any(a not in ("pld", "rdp") for a in accountants):
+        ap.error(f"--accountant takes 'pld', 'rdp' or both (comma-separated), got {args.accountant!r}")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if quick else list(SEEDS))
     cfg = dict(K=20, tau=0.05, item_bias=True, lr_private=3e-3, b_private=2048, steps_private=200, clip_norm=1.0,
                lr_nonprivate=2e-3, b_nonprivate=256, steps_nonprivate=1500, lr_public=3e-3, b_public=256, steps_public=300)
@@ -157,7 +164,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = (f"entities_items_{'quick_' if quick else ''}{args.device}" + (f"_s{args.seeds.replace(',', '')}" if args.seeds else "")
-            + ("_" + "_".join(o.replace(" ", "").replace("=", "").replace("ε", "eps") for o in only) if only else ""))
+            + ("_" + "_".join(o.replace(" ", "").replace("=", "").replace("ε", "eps") for o in only) if only else "")
+            + ("_" + "_".join(accountants) if accountants != ["pld"] else ""))
     rows: list[dict] = []
 
     def dm_for(recipe: str, seed: int, fraction: float = 1.0, b: float | None = None):
@@ -217,14 +225,15 @@ def main() -> None:
             for eps in EPSILONS if not quick else (4.0,):
                 if only and f"{recipe} ε={eps:g}" not in only:
                     continue
-                dm = dm_for(recipe, seed, b=cfg["b_private"])
-                m = fresh()
-                m.load_state_dict(warm)
-                m.lr = cfg["lr_private"]
-                m, facts = fit(m, dm, steps=cfg["steps_private"], device=args.device, val_every=args.val_every,
-                               private={"epsilon": eps, "delta": delta, "clip_norm": cfg["clip_norm"]})
-                name = "entity-as-example" if recipe == "entity" else "core relational (relation sampling)"
-                record(f"{name} ε={eps:g}", seed, m, dm0, **facts)
+                for kind in accountants:  # paired: the same seed, warm start and data under each accountant
+                    dm = dm_for(recipe, seed, b=cfg["b_private"])
+                    m = fresh()
+                    m.load_state_dict(warm)
+                    m.lr = cfg["lr_private"]
+                    m, facts = fit(m, dm, steps=cfg["steps_private"], device=args.device, val_every=args.val_every,
+                                   private={"epsilon": eps, "delta": delta, "clip_norm": cfg["clip_norm"], "accountant": kind})
+                    name = "entity-as-example" if recipe == "entity" else "core relational (relation sampling)"
+                    record(f"{name} ε={eps:g}" + (" [RDP accountant]" if kind == "rdp" else ""), seed, m, dm0, **facts)
         for fraction in (0.25, 0.5) if not quick else (0.5,):
             if only and f"curve {fraction:g}" not in only:
                 continue

@@ -6,6 +6,8 @@ import math
 import warnings
 
 import numpy as np
+from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
+from dp_accounting.privacy_accountant import NeighboringRelation
 import pytest
 import torch
 from scipy import integrate, stats
@@ -198,7 +200,12 @@ def test_dp_gcn_learns_and_reports_the_independently_composed_epsilon():
     trainer = _fit(module, dm, 30, [cb])
     orders = DEFAULT_ORDERS
     want, _ = rdp_to_epsilon(orders, 30 * substitution_rdp(0.5, 2.0, orders), DELTA)  # composed by hand
-    assert cb.steps == 30 and cb.epsilon == pytest.approx(want, rel=1e-9)
+    bounds = cb.ledger.epsilon_bounds(DELTA)
+    assert cb.steps == 30 and bounds["rdp"] == pytest.approx(want, rel=1e-9)
+    # the reported ε is the replace-one PLD (dp-accounting's REPLACE_ONE pair, 30-fold), below the RDP bound
+    ref = from_gaussian_mechanism(2.0, sampling_prob=0.5, value_discretization_interval=1e-4,
+                                  neighboring_relation=NeighboringRelation.REPLACE_ONE).self_compose(30)
+    assert cb.epsilon == bounds["pld"] < want and ref.get_epsilon_for_delta(DELTA) <= cb.epsilon <= ref.get_epsilon_for_delta(DELTA) + 2e-3
     acc = trainer.test(module, datamodule=dm, verbose=False)[0]["test_acc"]
     assert acc > 0.55  # 3 classes: chance 0.33
 
@@ -245,5 +252,7 @@ def test_tiny_config_trains_reports_and_exports(tmp_path, capsys):
     report = json.loads((folder / "privacy.json").read_text())
     assert report["delta"] == 1e-5 and report["epsilon"] == pytest.approx(res["privacy"]["epsilon"], rel=1e-9)
     assert "node-level" in report["privacy_unit"]
+    bounds = report["epsilon_bounds"]  # privacy.json names the bound that gave ε and shows both
+    assert bounds["bound"] == "pld" and bounds["pld"] == report["epsilon"] < bounds["rdp"]
     module = load_exported(folder)
     assert type(module).__name__ == "DPNodeModule" and module.privacy_ledger.steps == 60

@@ -39,6 +39,7 @@ ACCOUNTANTS = ("pld", "rdp")
 #: Live ε between exact PLD evaluations: the value at the next count of the grid 1, 2, …, 16, then ×1.05 (≤ 5 % more steps).
 LIVE_GRID_RATIO = 1.05
 _LIVE_GRID_EXACT = 16
+_PLD_SEARCH_FACTOR = 64
 
 
 def check_accountant(accountant: str) -> str:
@@ -198,19 +199,23 @@ class Accountant:
 
     def steps_within(self, target_epsilon: float, delta: float, sampling: SamplingSpec, noise_multiplier: float,
                      *, max_steps: int = 2**40) -> int:
-        """The most further steps with this sampling and σ whose ε stays ≤ ``target_epsilon`` (0 if one exceeds it).
+        """The most further steps (≤ ``max_steps``) with this sampling and σ whose ε stays ≤ ``target_epsilon``.
 
         ε after n steps is the smaller of two bounds, each non-decreasing in n, so n fits iff it fits either; each
-        largest n is found by a doubling and bisection search, cached for this state (the halting check every step
-        is a dictionary lookup)."""
+        largest n is found by a doubling and bisection search (RDP's first; PLD's from there, up to 64× it), cached for
+        this state, so the halting check every step is a dictionary lookup. Ask with the steps you plan (the callback
+        passes the fit's remaining steps): the PLD of very long compositions is slow to build."""
         from lightning_dprel.accounting.analysis.binomial import bisect_int
 
         sigma = check_noise_multiplier(noise_multiplier)
         delta = check_delta(delta)
+        max_steps = check_step_count("max_steps", max_steps)
         run = (self.mechanism, sampling, sigma)
+        base = self._run_count if self._run == run else 0  # answers are cached as totals of the run they extend
         key = ("within", delta, float(target_epsilon), run, self._run == run, None if self._run == run else self._run_count)
-        if key in self._pld_cache:
-            return max(0, self._pld_cache[key] - (self._run_count if self._run == run else 0))
+        cached = self._pld_cache.get(key)  # (largest total known to fit, whether it is the exact largest)
+        if cached is not None and (cached[1] or cached[0] >= base + max_steps):
+            return max(0, min(max_steps, cached[0] - base))
 
         def fits_rdp(n: int) -> bool:
             rdp = self._rdp_after(run, n)
@@ -219,16 +224,19 @@ class Accountant:
         def fits_pld(n: int) -> bool:
             return self._pld_total(delta, run, n) <= target_epsilon
 
-        best = 0
-        for fits, usable in ((fits_rdp, True), (fits_pld, self._pld_ok and self._run_pld(run) is not None)):
-            if not usable or not fits(max(1, best + 1)):
+        best, exact = 0, True
+        for fits, usable, pld in ((fits_rdp, True, False), (fits_pld, self._pld_ok and self._run_pld(run) is not None, True)):
+            # PLD is never far above RDP: its search stops at 64× RDP's answer (a cap that can only under-state the steps)
+            limit = min(max_steps, _PLD_SEARCH_FACTOR * (best + 1)) if pld else max_steps
+            start = best + 1
+            if not usable or start > limit or not fits(start):
                 continue
-            good, bad = max(1, best + 1), 2 * max(1, best + 1)
-            while bad <= max_steps and fits(bad):
-                good, bad = bad, 2 * bad
-            best = max(best, good if bad > max_steps else bisect_int(fits, good=good, bad=bad))
-        # cached as a total count of the open run when the run continues (valid while it does)
-        self._pld_cache[key] = best + (self._run_count if self._run == run else 0)
+            good, bad = start, min(2 * start, limit + 1)
+            while bad <= limit and fits(bad):
+                good, bad = bad, min(2 * bad, limit + 1)
+            best = good if bad > limit else bisect_int(fits, good=good, bad=bad)
+            exact = bad <= limit
+        self._pld_cache[key] = (best + base, exact)
         return best
 
     # -- internals --------------------------------------------------------------------------------------

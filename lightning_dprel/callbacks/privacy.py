@@ -122,6 +122,7 @@ class PrivacyCallback(Callback):
         self._lookahead = 1  # samples (steps) per training batch, as last observed
         self._releases = 1  # noised sums released per sample, as last observed
         self._steps_seen = 0  # the ledger's private steps at the last batch end
+        self._horizon_end: Optional[int] = None  # private steps the ledger will hold when this fit's plan ends
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ public read-outs
@@ -200,6 +201,10 @@ class PrivacyCallback(Callback):
             rank_zero_warn(warning, category=UserWarning)
             self._warned.add(warning)
         if self.target_epsilon is not None:
+            try:  # the halting search looks this far ahead (the PLD of far longer runs is costly to build)
+                self._horizon_end = self._ledger.private_steps + planned_steps(trainer, sampling)
+            except ValueError:
+                self._horizon_end = None
             self._check_budget_at_start(trainer, sampling, noise)
 
     @override
@@ -226,6 +231,8 @@ class PrivacyCallback(Callback):
         # the bar's ε: the reported bound at the next count of a geometric grid (≥ the exact value; Accountant.live_epsilon)
         epsilon = self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders,
                                        accountant=self.accountant_kind, live=True)
+        if self.target_epsilon is not None and epsilon > self.target_epsilon:
+            epsilon = self.epsilon  # near the budget the grid's look-ahead may pass it: the exact value decides
         self.history.append((steps, epsilon))
         self._log_epsilon(trainer, pl_module, epsilon)
         if self.target_epsilon is None:
@@ -233,7 +240,8 @@ class PrivacyCallback(Callback):
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
         sigma = self._next_sigma(noise_spec_of(self._layer))
         composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
-        stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead)
+        horizon = max(1, self._horizon_end - steps) if self._horizon_end is not None else 2**20
+        stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead, horizon=horizon)
         if trainer.strategy.reduce_boolean_decision(stop, all=False):
             self._set_stop(trainer, next_eps)
 
@@ -350,7 +358,8 @@ class PrivacyCallback(Callback):
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
         sigma = self._next_sigma(noise)
-        stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma)
+        horizon = max(1, self._horizon_end - self.steps) if self._horizon_end is not None else 2**20
+        stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma, horizon=horizon)
         if not stop:
             return
         if self.steps == 0:

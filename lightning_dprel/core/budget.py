@@ -27,11 +27,13 @@ class PrivacyBudget:
         self.delta = float(delta)
 
     def next_step(self, accountant: Accountant, sampling: SamplingSpec, noise_multiplier: float,
-                  num_steps: int = 1) -> tuple[bool, float | None]:
+                  num_steps: int = 1, *, horizon: int = 2**20) -> tuple[bool, float | None]:
         """``(stop, ε_next)``: stop when ``num_steps`` more steps at this σ would exceed the target; ``ε_next`` (what they
         would spend, by the accountant's reported bound) is computed only when stopping (else None): the decision
-        itself is a cached :meth:`~lightning_dprel.accounting.Accountant.steps_within` lookup."""
-        fits = accountant.steps_within(self.target_epsilon, self.delta, sampling, noise_multiplier)
+        itself is a cached :meth:`~lightning_dprel.accounting.Accountant.steps_within` lookup over the ``horizon``
+        steps the run still plans."""
+        fits = accountant.steps_within(self.target_epsilon, self.delta, sampling, noise_multiplier,
+                                       max_steps=max(int(num_steps), int(horizon)))
         if num_steps <= fits:
             return False, None
         return True, float(accountant.epsilon_after(sampling, noise_multiplier, self.delta, num_steps=num_steps))
