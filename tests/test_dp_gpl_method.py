@@ -31,9 +31,11 @@ def _fit(module: DPGPLModule, dm: PromptDataModule, epochs: int = 30) -> pl.Trai
 def test_calibrated_run_spends_exactly_the_target_and_answers_once():
     dm, module = tiny_prompt_dm(), DPGPLModule(target_epsilon=2.0, threshold=0.3, **SMALL)
     trainer = _fit(module, dm)
-    s = sigma_for_epsilon(2.0, 1e-5, 30)
-    assert module.sigmas == (pytest.approx(s), pytest.approx(s))
+    s = sigma_for_epsilon(2.0, 1e-5, 30)  # RDP's σ; calibrated on the tight (PLD) bound, σ₁ = σ₂ is smaller
+    s1, s2 = module.sigmas
+    assert s1 == pytest.approx(s2) and 0.8 * s < s2 < s
     assert module.epsilon() == pytest.approx(2.0, rel=1e-6)
+    assert module.privacy_report()["epsilon_bounds"]["bound"] == "pld"
     answers = module.answers
     assert 0 < answers.num_answered <= 30 and bool((answers.labels[~answers.answered] == -1).all())
     report = module.privacy_report()

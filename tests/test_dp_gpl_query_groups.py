@@ -132,7 +132,11 @@ def test_gnmax_over_groups_charges_one_vote_release_per_group_equal_to_dp_accoun
     assert s1 is None and module.answers.num_answered == g == module.answers.answered.numel()
     acc = dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
     acc.compose(dp_accounting.GaussianDpEvent(s2 / math.sqrt(2.0)), g)
-    assert module.epsilon() == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    bounds = module.privacy_ledger.epsilon_bounds(1e-5)
+    assert bounds["rdp"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    tight = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)  # g Gaussian releases: one PLD
+    tight.compose(dp_accounting.GaussianDpEvent(s2 / math.sqrt(2.0)), g)
+    assert tight.get_epsilon(1e-5) - 1e-6 <= module.epsilon() == bounds["pld"] <= tight.get_epsilon(1e-5) + 5e-3
     assert module.epsilon() == pytest.approx(2.0, rel=1e-6)
     assert dm.student_batch.size == dm.pool.numel()  # every group answered: the whole public training pool
     report = module.privacy_report()

@@ -58,8 +58,16 @@ def _dp_accounting(q, sigma, steps, orders):
     return acc
 
 
-def _eps(mechanism, spec, sigma, steps=100, delta=1e-5):
-    return epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=mechanism)[0]
+def _dp_accounting_pld(q, sigma, steps, delta):
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return acc.get_epsilon(delta)
+
+
+def _eps(mechanism, spec, sigma, steps=100, delta=1e-5, accountant="rdp"):
+    """ε of the RDP bound (the properties below are the mixture's; its PLD is checked in test_pld_accounting.py)."""
+    return epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=mechanism,
+                       accountant=accountant)[0]
 
 
 # ---------------------------------------------------------------------- 1. entity-as-example = Poisson Gaussian
@@ -78,12 +86,17 @@ def test_entity_as_example_epsilon_equals_dp_accounting(b, sigma, steps, delta):
     opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")  # the signed series, every order
     np.testing.assert_allclose(ours, opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
                                                             orders=list(DEFAULT_ORDERS)), rtol=1e-6, atol=0)
-    eps, _ = epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=MECHANISM)
+    eps, _ = epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=MECHANISM,
+                         accountant="rdp")
     assert eps <= ref.get_epsilon(delta) * (1 + 1e-9) and eps == pytest.approx(ref.get_epsilon(delta), rel=1e-3)
     # on orders where both series agree, the ε agree to rounding
     eps_orders, _ = epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=MECHANISM,
-                                orders=ORDERS)
+                                orders=ORDERS, accountant="rdp")
     assert eps_orders == pytest.approx(_dp_accounting(q, sigma, steps, ORDERS).get_epsilon(delta), rel=1e-6)
+    # the reported ε: the Poisson Gaussian's PLD (dp-accounting's PLD accountant, 10⁻⁴ grid), below RDP
+    tight, bound = epsilon_for(delta=delta, steps=steps, sampling=spec, noise_multiplier=sigma, mechanism=MECHANISM)
+    pld = _dp_accounting_pld(q, sigma, steps, delta)
+    assert bound == "pld" and tight < eps and pld - 1e-6 <= tight <= pld + 5e-3
 
 
 def test_the_callback_charges_the_entity_recipe_as_the_poisson_gaussian():
@@ -95,7 +108,10 @@ def test_the_callback_charges_the_entity_recipe_as_the_poisson_gaussian():
                callbacks=[cb]).fit(EntityItemRanker(dim=8, lr=1e-2), dm)
     assert cb.steps == 6 and cb.mechanism == MECHANISM
     ref = _dp_accounting(40.0 / dm.num_entities, 1.3, 6, ORDERS)
-    assert cb.epsilon == pytest.approx(ref.get_epsilon(1e-5), rel=1e-6)
+    bounds = cb.ledger.epsilon_bounds(1e-5, orders=ORDERS)
+    assert bounds["rdp"] == pytest.approx(ref.get_epsilon(1e-5), rel=1e-6)
+    pld = _dp_accounting_pld(40.0 / dm.num_entities, 1.3, 6, 1e-5)
+    assert cb.epsilon == bounds["pld"] < bounds["rdp"] and pld - 1e-6 <= cb.epsilon <= pld + 5e-3
 
 
 # ---------------------------------------------------------------------- 2. relation recipe, K > 1
@@ -130,7 +146,7 @@ def test_epsilon_grows_with_k(sigma):
 def test_advsgm_public_ids_gives_the_same_numbers(recipe, k_cap):
     spec = dm_of(recipe=recipe, max_relations=k_cap, expected_batch_size=24.0).sampling_spec
     ours, advsgm = get_mechanism(MECHANISM), get_mechanism("skipgram_public_ids")
-    assert ours.rdp is advsgm.rdp  # the function is shared
+    assert ours.rdp is advsgm.rdp and ours.pld is advsgm.pld  # the functions are shared
     assert ours.unit.name == "entity_public_items" and ours.clipping == ("standard",) and not ours.coupled
     public_ids = dataclasses.replace(spec, privacy_unit="node_public_ids")
     for sigma in (0.7, 1.5):

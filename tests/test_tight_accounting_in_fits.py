@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_dprel import DPDataLoader, PrivacyCallback
 from lightning_dprel.accounting import Accountant, noise_multiplier_for
+from lightning_dprel.accounting.accountant import LIVE_GRID_RATIO
 from projects import tabular_classifier_private as private
 
 N, B, DELTA = 500, 50.0, 1e-4
@@ -74,7 +75,7 @@ def test_the_bar_never_shows_less_than_the_exact_epsilon_and_the_end_is_exact():
         exact_t = Accountant("poisson_gaussian")
         exact_t.step(spec, 0.9, t)
         assert live >= exact_t.get_epsilon(DELTA) * (1 - 1e-9)  # FFT rounding only
-        assert live <= 1.05 * exact_t.get_epsilon(DELTA)  # the grid is 1…16, then ×1.05 in steps
+        assert live <= LIVE_GRID_RATIO * exact_t.get_epsilon(DELTA)  # the grid is 1…10, then ×1.1 in steps
     exact.step(spec, 0.9, 40)
     assert cb.epsilon == pytest.approx(exact.get_epsilon(DELTA), rel=1e-9)
 

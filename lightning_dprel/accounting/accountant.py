@@ -28,7 +28,13 @@ from lightning_dprel.accounting.mechanisms import (
     step_pld,
 )
 from lightning_dprel.accounting.orders import as_orders
-from lightning_dprel.accounting.pld import VALUE_DISCRETIZATION, identity_pld, pld_epsilon, self_composed
+from lightning_dprel.accounting.pld import (
+    VALUE_DISCRETIZATION,
+    discretization_for,
+    identity_pld,
+    pld_epsilon,
+    self_composed,
+)
 from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["Accountant", "ACCOUNTANTS", "check_accountant", "LIVE_GRID_RATIO"]
@@ -36,9 +42,10 @@ __all__ = ["Accountant", "ACCOUNTANTS", "check_accountant", "LIVE_GRID_RATIO"]
 #: The accountants: "pld" reports min(PLD, RDP) (PLD where every event has a proven pair); "rdp" reports RDP only.
 ACCOUNTANTS = ("pld", "rdp")
 
-#: Live ε between exact PLD evaluations: the value at the next count of the grid 1, 2, …, 16, then ×1.05 (≤ 5 % more steps).
-LIVE_GRID_RATIO = 1.05
-_LIVE_GRID_EXACT = 16
+#: Live ε between exact PLD evaluations: the value at the next count of the grid 1, 2, …, 10, then ×1.1 (≤ 10 % more
+#: steps, about 5 % more ε: ε grows like √T).
+LIVE_GRID_RATIO = 1.1
+_LIVE_GRID_EXACT = 10
 _PLD_SEARCH_FACTOR = 64
 
 
@@ -71,7 +78,9 @@ class Accountant:
         orders: Rényi orders (default :data:`DEFAULT_ORDERS`).
         accountant: ``"pld"`` (default): the smaller of the PLD bound (when every event has a proven dominating pair)
             and the RDP bound; ``"rdp"``: the RDP bound only.
-        value_discretization: the PLD's privacy-loss grid (pessimistic at any width).
+        value_discretization: the PLD's privacy-loss grid (pessimistic at any width); default
+            :func:`~lightning_dprel.accounting.pld.discretization_for` the first event's sampling rate (one grid per
+            composition).
 
     Attributes:
         mechanism: the mechanism name. privacy_unit: what neighbouring datasets differ by. accountant: "pld" or "rdp".
@@ -84,14 +93,14 @@ class Accountant:
     """
 
     def __init__(self, mechanism: str = "freq_corrected", *, orders: object = None, accountant: str = "pld",
-                 value_discretization: float = VALUE_DISCRETIZATION) -> None:
+                 value_discretization: float | None = None) -> None:
         mech = get_mechanism(mechanism)
         self.mechanism: str = mechanism
         self.privacy_unit: str = mech.privacy_unit
         self.accountant: str = check_accountant(accountant)
-        if not (0.0 < float(value_discretization) <= 0.1):
-            raise ValueError(f"`value_discretization` must be in (0, 0.1], got {value_discretization}.")
-        self._interval = float(value_discretization)
+        if value_discretization is not None and not (0.0 < float(value_discretization) <= 0.1):
+            raise ValueError(f"`value_discretization` must be in (0, 0.1] or None, got {value_discretization}.")
+        self._interval = None if value_discretization is None else float(value_discretization)
         self._set_orders(orders)
         self._reset()
 
@@ -112,7 +121,7 @@ class Accountant:
         self._steps = 0
         # PLD: closed runs still to fold into the prefix, the prefix, and caches valid until a run closes.
         self._pld_pending: list[tuple[tuple, int]] = []
-        self._pld_prefix: Any = identity_pld(self._interval) if self.accountant == "pld" else None
+        self._pld_prefix: Any = None  # built on first use, on this composition's grid
         self._pld_ok = self.accountant == "pld"
         self._pld_cache: dict[tuple, Any] = {}
 
@@ -177,7 +186,7 @@ class Accountant:
         return self.epsilon_bounds(delta)["epsilon"]
 
     def live_epsilon(self, delta: float) -> float:
-        """An upper bound on :meth:`get_epsilon` that costs one PLD evaluation per grid count (1…16, then ×1.05):
+        """An upper bound on :meth:`get_epsilon` that costs one PLD evaluation per grid count (1…10, then ×1.1):
         the PLD at the next grid count of the open run (ε grows with steps), or RDP if smaller."""
         rdp = self.get_epsilon_and_order(delta)[0]
         if not self._pld_ok or self._run is None:
@@ -186,16 +195,24 @@ class Accountant:
         return min(rdp, pld)
 
     def epsilon_after(
-        self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1
+        self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1, *,
+        bound: str | None = None,
     ) -> float:
-        """ε if ``num_steps`` more steps with this sampling and σ were taken (no state change)."""
+        """ε if ``num_steps`` more steps with this sampling and σ were taken (no state change); ``bound="rdp"``: the
+        RDP bound alone."""
         num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
         delta = check_delta(delta)
         run = (self.mechanism, sampling, sigma)
         rdp = epsilon_from_constants(self._orders, self._c1, self._c2, self._rdp_after(run, num_steps), delta)[0]
-        pld = self._pld_total(delta, run, num_steps) if self._pld_ok and self._run_pld(run) is not None else None
+        if bound == "rdp":
+            return rdp
+        pld = self._pld_total(delta, run, num_steps) if self.has_pld_for(sampling, sigma) else None
         return _bounds(rdp, pld)["epsilon"]
+
+    def has_pld_for(self, sampling: SamplingSpec | None, noise_multiplier: float) -> bool:
+        """True if a step of this accountant's mechanism with this sampling and σ would keep the PLD bound."""
+        return self._pld_ok and self._run_pld((self.mechanism, sampling, check_noise_multiplier(noise_multiplier))) is not None
 
     def steps_within(self, target_epsilon: float, delta: float, sampling: SamplingSpec, noise_multiplier: float,
                      *, max_steps: int = 2**40) -> int:
@@ -228,14 +245,15 @@ class Accountant:
         for fits, usable, pld in ((fits_rdp, True, False), (fits_pld, self._pld_ok and self._run_pld(run) is not None, True)):
             # PLD is never far above RDP: its search stops at 64× RDP's answer (a cap that can only under-state the steps)
             limit = min(max_steps, _PLD_SEARCH_FACTOR * (best + 1)) if pld else max_steps
-            start = best + 1
-            if not usable or start > limit or not fits(start):
+            good = best + 1
+            if not usable or good > limit or not fits(good):
                 continue
-            good, bad = start, min(2 * start, limit + 1)
-            while bad <= limit and fits(bad):
-                good, bad = bad, min(2 * bad, limit + 1)
-            best = good if bad > limit else bisect_int(fits, good=good, bad=bad)
-            exact = bad <= limit
+            while good < limit and fits(nxt := min(2 * good, limit)):
+                good = nxt
+            if good >= limit:  # fits through the limit: the largest count beyond it is not known
+                best, exact = limit, False
+            else:
+                best, exact = bisect_int(fits, good=good, bad=nxt), True
         self._pld_cache[key] = (best + base, exact)
         return best
 
@@ -248,10 +266,14 @@ class Accountant:
 
     def _run_pld(self, run: tuple) -> Any:
         name, sampling, sigma = run
+        if self._interval is None:  # the first event fixes the grid (PLDs compose on one grid)
+            self._interval = discretization_for(1.0 if sampling is None else sampling.sampling_rate)
         return step_pld(name, sampling, sigma, self._interval)
 
     def _prefix(self) -> Any:
         """PLD of the closed runs (folded in as they are first needed)."""
+        if self._pld_prefix is None:
+            self._pld_prefix = identity_pld(self._interval or VALUE_DISCRETIZATION)
         while self._pld_pending:
             run, count = self._pld_pending.pop(0)
             self._pld_prefix = self._pld_prefix.compose(self_composed(self._run_pld(run), count))

@@ -220,10 +220,11 @@ def check_saved_state(state: dict[str, Any], *, mechanism: Optional[str], target
 
 
 def step_summary(epsilon: float, delta: float, steps: int, sigma: Optional[float], label: str, target: Optional[float],
-                 stopped: bool) -> str:
-    """The end-of-fit line of a DP-SGD fit."""
+                 stopped: bool, bound: Optional[str] = None) -> str:
+    """The end-of-fit line of a DP-SGD fit (``bound``: "pld" or "rdp", the bound that gave ε)."""
     line = (f"PrivacyCallback: spent ε = {epsilon:.4f} at δ = {delta:.3g} over {steps} steps, "
-            f"σ = {sigma if sigma is not None else float('nan'):.4g}, accounting: {label}")
+            f"σ = {sigma if sigma is not None else float('nan'):.4g}, accounting: {label}"
+            + (f" ({bound.upper()} bound)" if bound in ("pld", "rdp") else ""))
     if target is not None:
         line += f", target ε = {target}" + (f" (stopped: step {steps + 1} would exceed it)" if stopped else "")
     return line + "."

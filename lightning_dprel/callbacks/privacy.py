@@ -384,5 +384,7 @@ class PrivacyCallback(Callback):
         if self.mechanism is None:  # releases that are not optimizer steps
             return release_summary(self.epsilon, self.delta, sum(s.steps for s in self._ledger.segments), self.target_epsilon)
         stopped = self.stopped_step is not None and self.stopped_step == self.steps
+        bound = self._ledger.epsilon_bounds(self.delta, mechanism=self.mechanism, orders=self.orders,
+                                            accountant=self.accountant_kind)["bound"]
         return step_summary(self.epsilon, self.delta, self.steps, self.noise_multiplier, ACCOUNTING_LABELS[self.mechanism],
-                            self.target_epsilon, stopped)
+                            self.target_epsilon, stopped, bound)

@@ -10,6 +10,7 @@ private votes: it must not be released without a smooth-sensitivity mechanism (P
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -173,6 +174,31 @@ def rho_for_epsilon(epsilon: float, delta: float, orders: object = None) -> floa
     while gap(lo) > 0:
         lo, hi = lo - 2.0, lo
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=1e-12))
+
+
+def rho_for_releases(epsilon: float, delta: float, releases: "Callable[[float], Sequence[tuple[float, int]]]", *,
+                     accountant: str = "pld", rtol: float = 1e-7) -> float:
+    """The largest ρ (to ``rtol``) whose Gaussian releases ``releases(ρ)`` — (σ, count) pairs of sensitivity-1 releases
+    — spend ≤ ``epsilon`` at ``delta`` by the :class:`~lightning_dprel.accounting.Accountant`'s reported bound (the
+    smaller of PLD and RDP). :func:`rho_for_epsilon` (RDP) is the start: the tight bound can only allow more."""
+    from lightning_dprel.accounting.accountant import Accountant
+
+    def eps(rho: float) -> float:
+        acc = Accountant("gaussian", accountant=accountant)
+        for sigma, count in releases(rho):
+            acc.step(None, sigma, int(count), mechanism="gaussian")
+        return acc.get_epsilon(delta)
+
+    lo = rho_for_epsilon(epsilon, delta)
+    if accountant == "rdp" or eps(lo) > epsilon:  # RDP's ρ already is the answer (or rounding put it a hair above)
+        return lo
+    hi = lo * 1.25
+    while eps(hi) <= epsilon:
+        lo, hi = hi, hi * 1.25
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if eps(mid) <= epsilon else (lo, mid)
+    return lo
 
 
 def sigma_for_epsilon(epsilon: float, delta: float, queries: int, orders: object = None) -> float:

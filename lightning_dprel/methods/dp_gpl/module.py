@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_dprel.accounting.analysis.pate import rho_for_epsilon
+from lightning_dprel.accounting.analysis.pate import rho_for_releases
 from lightning_dprel.core.checks import resolve_delta
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.ledger_module import LedgerModule
@@ -100,6 +100,7 @@ class DPGPLModule(LedgerModule):
                                      "no labels); queries, student, validation and test on G_pub; private labels reach the "
                                      "student only through the answered noisy votes"}
         self._calibration: tuple[float, float] | None = None  # (ε, δ) the privacy callback calibrated σ for
+        self._rho: tuple | None = None  # (settings, ρ) of the last calibration (a search over PLD compositions)
         self.student: PromptedModel | None = None
         self.answers: Answers | None = None
         self.paper_claim: dict[str, Any] = {}
@@ -172,13 +173,23 @@ class DPGPLModule(LedgerModule):
         if target is None:
             return (None if hp.threshold is None else float(hp.sigma_threshold)), float(hp.sigma_vote)
         queries = self.answers.answered.numel() if self.answers is not None else self.trainer.datamodule.num_vote_queries
-        rho = rho_for_epsilon(target, delta)  # ρ = Q/(2σ₁²) + A/σ₂² (vote sensitivity √2)
-        if hp.threshold is None:  # only vote releases
-            return None, math.sqrt(queries / rho)
         slots = queries if hp.answer_budget is None else min(hp.answer_budget, queries)
         r = 1.0 if slots == queries else float(hp.sigma_ratio)
+        key = (target, delta, queries, slots, r, hp.threshold is None)
+        if self._rho is None or self._rho[0] != key:  # ρ = Q/(2σ₁²) + A/σ₂² (vote sensitivity √2), on the tight bound
+            self._rho = (key, rho_for_releases(target, delta, lambda rho: self._releases_at(rho, queries, slots, r)))
+        return self._sigmas_at(self._rho[1], queries, slots, r)
+
+    def _sigmas_at(self, rho: float, queries: int, slots: int, r: float) -> tuple[float | None, float]:
+        if self.hparams.threshold is None:  # only vote releases
+            return None, math.sqrt(queries / rho)
         s2 = math.sqrt((queries / (2.0 * r * r) + slots) / rho)
         return r * s2, s2
+
+    def _releases_at(self, rho: float, queries: int, slots: int, r: float) -> list[tuple[float, int]]:
+        s1, s2 = self._sigmas_at(rho, queries, slots, r)
+        return [(e.noise_multiplier, e.count) for e in pate_releases(sigma_threshold=s1, sigma_vote=s2, queries=queries,
+                                                                     answer_slots=slots if s1 is not None else None)]
 
     @property
     def is_private(self) -> bool:
