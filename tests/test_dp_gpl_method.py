@@ -62,7 +62,10 @@ def test_full_graph_view_is_labelled_infinite_and_paper_mode_keeps_its_claim_apa
         paper = DPGPLModule(sigma_threshold=5.0, sigma_vote=5.0, threshold=0.3, mode="paper", **SMALL)
     _fit(paper, tiny_prompt_dm(), epochs=2)
     claim = paper.paper_claim  # in memory only: a function of the private votes
-    assert claim["data_dependent_epsilon"] <= paper.epsilon() + 1e-9  # never above the bound that holds
+    # never above the data-independent RDP bound (the same analysis, data-independent); the reported ε may be lower
+    # still (the Gaussian releases' PLD), so the paper's RDP-based claim is compared with RDP
+    rdp = paper.privacy_ledger.epsilon_bounds(paper.report_delta())["rdp"]
+    assert claim["data_dependent_epsilon"] <= rdp + 1e-9 and paper.epsilon() <= rdp
     assert "leaks" in claim["warning"]
     assert str(claim["data_dependent_epsilon"]) not in str(paper.privacy_report())
     assert "not released" in paper.privacy_report()["published_claim"]

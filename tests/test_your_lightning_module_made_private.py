@@ -120,8 +120,13 @@ def test_epsilon_equals_dp_accounting_poisson_subsampled_gaussian():
     assert steps == 20
     acc = dp_accounting.rdp.RdpAccountant(list(ORDERS))
     acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.3)), steps)
-    assert cb.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
-    assert "per-example Poisson Gaussian" in cb.summary
+    bounds = cb.ledger.epsilon_bounds(1e-5, orders=ORDERS)
+    assert bounds["rdp"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    tight = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)  # the reported ε: the PLD
+    tight.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.3)), steps)
+    assert cb.epsilon == bounds["pld"] < bounds["rdp"]
+    assert tight.get_epsilon(1e-5) - 1e-6 <= cb.epsilon <= tight.get_epsilon(1e-5) + 5e-3
+    assert "per-example Poisson Gaussian (PLD bound)" in cb.summary
 
 
 # ---------------------------------------------------------------------- sensitivity through the real step

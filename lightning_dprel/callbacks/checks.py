@@ -8,6 +8,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
+from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_module_mechanism, check_unit
 from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
@@ -164,6 +165,36 @@ def planned_steps(trainer: "pl.Trainer", sampling: SamplingSpec) -> int:
     if remaining < 1:
         raise ValueError(f"PrivacyCallback(calibrate=True): no steps left to plan (total {int(total)}, done {trainer.global_step}).")
     return remaining
+
+
+def resolve_mechanism(noise: NoiseSpec, sampling: SamplingSpec, mechanism_arg: Optional[str], current: Optional[str]) -> str:
+    """The accounting mechanism of a fit: the module's (or the callback's stand-in for it), proven for the data's unit,
+    and the one this callback accounted with before; clear errors otherwise."""
+    if noise.mechanism == "none":
+        raise ValueError(
+            "PrivacyCallback: `pl_module.noise_spec.clipping` is 'none' (the non-private baseline), so there "
+            "is no ε to account. Use clipping='freq' or 'standard' with noise_multiplier > 0, or remove "
+            "PrivacyCallback from the trainer."
+        )
+    check_module_mechanism(noise.mechanism, noise.clipping)
+    mechanism = mechanism_arg or noise.mechanism
+    for name in {noise.mechanism, mechanism}:  # the module's and a stand-in's bound must both be for this unit
+        check_unit(name, sampling.privacy_unit)
+    check_accounting_choice(noise.mechanism, mechanism)
+    if current is not None and current != mechanism:
+        raise ValueError(
+            f"PrivacyCallback already accounted steps with mechanism={current!r}; the module now "
+            f"gives {mechanism!r}. One callback cannot mix accountings; use a new PrivacyCallback."
+        )
+    return mechanism
+
+
+def horizon_end(trainer: "pl.Trainer", sampling: SamplingSpec, ledger: Any) -> Optional[int]:
+    """The ledger's private steps when this fit's plan ends (None if the trainer plans no finite number of steps)."""
+    try:
+        return ledger.private_steps + planned_steps(trainer, sampling)
+    except ValueError:
+        return None
 
 
 class _Labels(dict):

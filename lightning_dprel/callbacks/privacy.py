@@ -20,14 +20,15 @@ from typing_extensions import override
 
 from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for
 from lightning_dprel.accounting.accountant import check_accountant
-from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING, check_accounting_choice, check_module_mechanism, check_unit
+from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING
 from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 from lightning_dprel.callbacks.checks import (
-    ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, ledger_of, noise_spec_of, planned_steps,
+    ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, horizon_end, ledger_of, noise_spec_of,
+    planned_steps, resolve_mechanism,
     check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
@@ -134,15 +135,19 @@ class PrivacyCallback(Callback):
     @property
     def accountant(self) -> Optional[Accountant]:
         """An accountant over every private step of the model's ledger."""
-        return None if self._ledger is None else self._ledger.accountant(
-            mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
+        return None if self._ledger is None else self._ledger.accountant(**self._how)
 
     @property
     def epsilon(self) -> float:
         """ε the model has spent at :attr:`delta` (0.0 before any step; ``inf`` after an un-noised step)."""
         if self._ledger is None or self.delta is None:
             return 0.0
-        return self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
+        return self._ledger.epsilon(self.delta, **self._how)
+
+    @property
+    def _how(self) -> dict[str, Any]:
+        """How this callback reads the ledger: the mechanism, the orders and the accountant kind."""
+        return {"mechanism": self.mechanism, "orders": self.orders, "accountant": self.accountant_kind}
 
     @property
     def steps(self) -> int:
@@ -201,10 +206,7 @@ class PrivacyCallback(Callback):
             rank_zero_warn(warning, category=UserWarning)
             self._warned.add(warning)
         if self.target_epsilon is not None:
-            try:  # the halting search looks this far ahead (the PLD of far longer runs is costly to build)
-                self._horizon_end = self._ledger.private_steps + planned_steps(trainer, sampling)
-            except ValueError:
-                self._horizon_end = None
+            self._horizon_end = horizon_end(trainer, sampling, self._ledger)
             self._check_budget_at_start(trainer, sampling, noise)
 
     @override
@@ -228,9 +230,7 @@ class PrivacyCallback(Callback):
         self._lookahead = new_steps
         expected, self._releases = self._releases, max(self._releases, self._ledger.last_releases)
         self.noise_multiplier = self._ledger.last_noise_multiplier
-        # the bar's ε: the reported bound at the next count of a geometric grid (≥ the exact value; Accountant.live_epsilon)
-        epsilon = self._ledger.epsilon(self.delta, mechanism=self.mechanism, orders=self.orders,
-                                       accountant=self.accountant_kind, live=True)
+        epsilon = self._ledger.epsilon(self.delta, **self._how, live=True)  # ≥ exact (Accountant.live_epsilon)
         if self.target_epsilon is not None and epsilon > self.target_epsilon:
             epsilon = self.epsilon  # near the budget the grid's look-ahead may pass it: the exact value decides
         self.history.append((steps, epsilon))
@@ -239,11 +239,11 @@ class PrivacyCallback(Callback):
             return
         check_not_over(epsilon, self.target_epsilon, self.steps, releases=self._releases, planned=expected)
         sigma = self._next_sigma(noise_spec_of(self._layer))
-        composed = self._ledger.composed(mechanism=self.mechanism, orders=self.orders, accountant=self.accountant_kind)
-        horizon = max(1, self._horizon_end - steps) if self._horizon_end is not None else 2**20
-        stop, next_eps = self._budget().next_step(composed, self._sampling, sigma, self._lookahead, horizon=horizon)
-        if trainer.strategy.reduce_boolean_decision(stop, all=False):
-            self._set_stop(trainer, next_eps)
+        stop, next_eps = self._budget().next_step(self._ledger.composed(**self._how), self._sampling, sigma, self._lookahead,
+                                                  horizon=self._horizon())
+        if trainer.strategy.reduce_boolean_decision(stop, all=False):  # another rank may stop this one: ε_next for it
+            self._set_stop(trainer, next_eps if stop else self._ledger.composed(**self._how).epsilon_after(
+                self._sampling, sigma, self.delta, self._lookahead))
 
     def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float, *, on_step: bool = True) -> None:
         pl_module.log("epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
@@ -275,15 +275,9 @@ class PrivacyCallback(Callback):
     # ------------------------------------------------------------------ state (settings only: the ledger is the module's)
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "mechanism": self.mechanism,
-            "delta": self.delta,
-            "target_epsilon": self.target_epsilon,
-            "calibrated": self._calibrated,
-            "stopped_step": self.stopped_step,
-            "history": [[int(t), float(e)] for t, e in self.history],
-            "accountant": self.accountant_kind,
-        }
+        return {"mechanism": self.mechanism, "delta": self.delta, "target_epsilon": self.target_epsilon,
+                "calibrated": self._calibrated, "stopped_step": self.stopped_step, "accountant": self.accountant_kind,
+                "history": [[int(t), float(e)] for t, e in self.history]}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -301,29 +295,17 @@ class PrivacyCallback(Callback):
         """σ the next step will be charged: σ_eff of as many releases on one sample as the last step made."""
         return effective_noise_multiplier([float(noise.noise_multiplier)] * self._releases)
 
+    def _horizon(self) -> int:
+        """Steps the halting search looks ahead: what the fit still plans (the PLD of far longer runs is costly)."""
+        return max(1, self._horizon_end - self.steps) if self._horizon_end is not None else 2**20
+
     def _budget(self) -> PrivacyBudget:
         return PrivacyBudget(self.target_epsilon, self.delta)
 
     def _read_facts(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[SamplingSpec, NoiseSpec]:
         noise = noise_spec_of(pl_module)
         sampling = sampling_spec_of(trainer, self._sampling_arg)
-        if noise.mechanism == "none":
-            raise ValueError(
-                "PrivacyCallback: `pl_module.noise_spec.clipping` is 'none' (the non-private baseline), so there "
-                "is no ε to account. Use clipping='freq' or 'standard' with noise_multiplier > 0, or remove "
-                "PrivacyCallback from the trainer."
-            )
-        check_module_mechanism(noise.mechanism, noise.clipping)
-        mechanism = self._mechanism_arg or noise.mechanism
-        for name in {noise.mechanism, mechanism}:  # the module's and a stand-in's bound must both be for this unit
-            check_unit(name, sampling.privacy_unit)
-        check_accounting_choice(noise.mechanism, mechanism)
-        if self.mechanism is not None and self.mechanism != mechanism:
-            raise ValueError(
-                f"PrivacyCallback already accounted steps with mechanism={self.mechanism!r}; the module now "
-                f"gives {mechanism!r}. One callback cannot mix accountings; use a new PrivacyCallback."
-            )
-        self.mechanism = mechanism
+        self.mechanism = resolve_mechanism(noise, sampling, self._mechanism_arg, self.mechanism)
         self._sampling = sampling
         return sampling, noise
 
@@ -358,8 +340,7 @@ class PrivacyCallback(Callback):
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
         sigma = self._next_sigma(noise)
-        horizon = max(1, self._horizon_end - self.steps) if self._horizon_end is not None else 2**20
-        stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma, horizon=horizon)
+        stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma, horizon=self._horizon())
         if not stop:
             return
         if self.steps == 0:
@@ -384,7 +365,6 @@ class PrivacyCallback(Callback):
         if self.mechanism is None:  # releases that are not optimizer steps
             return release_summary(self.epsilon, self.delta, sum(s.steps for s in self._ledger.segments), self.target_epsilon)
         stopped = self.stopped_step is not None and self.stopped_step == self.steps
-        bound = self._ledger.epsilon_bounds(self.delta, mechanism=self.mechanism, orders=self.orders,
-                                            accountant=self.accountant_kind)["bound"]
+        bound = self._ledger.epsilon_bounds(self.delta, **self._how)["bound"]
         return step_summary(self.epsilon, self.delta, self.steps, self.noise_multiplier, ACCOUNTING_LABELS[self.mechanism],
                             self.target_epsilon, stopped, bound)
