@@ -8,7 +8,6 @@ pair is the Poisson-subsampled Gaussian's); ε is checked against dp-accounting'
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import pytorch_lightning as pl
@@ -25,13 +24,9 @@ from projects import tabular_classifier_private as private
 N, B, DELTA = 500, 50.0, 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        warnings.filterwarnings("ignore", message=".*(KeyedStream|DPDataLoader)\\(.*seed.*")
-        warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
-        yield
+pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+              pytest.mark.filterwarnings("ignore:.*(KeyedStream|DPDataLoader)\\(.*seed"),
+              pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")]
 
 
 def _fit(callback, *, max_steps=30, seed=0):
@@ -119,3 +114,17 @@ def test_bad_accountant_names_are_refused():
     with pytest.raises(ValueError, match="value_discretization"):
         Accountant("poisson_gaussian", value_discretization=0.0)
     assert math.isfinite(Accountant("poisson_gaussian").get_epsilon(DELTA))
+
+
+def test_a_mechanism_without_a_proven_pair_calibrates_exactly_as_before():
+    """Theorem C.1's coupled mixture (the main job's `standard`) has no dominating pair: the same σ, the same ε, RDP."""
+    from lightning_dprel.core.specs import SamplingSpec
+
+    spec = SamplingSpec(num_nodes=14000, num_edges=11600, max_degree=5, sampling_rate=1024 / 11600, neg_per_pos=1,
+                        expected_batch_size=1024.0, steps_per_epoch=12)
+    tight = noise_multiplier_for(10.0, delta=1e-5, steps=500, sampling=spec, mechanism="standard")
+    loose = noise_multiplier_for(10.0, delta=1e-5, steps=500, sampling=spec, mechanism="standard", accountant="rdp")
+    assert tight == loose
+    acc = Accountant("standard")
+    acc.step(spec, tight, 500)
+    assert acc.epsilon_bounds(1e-5)["bound"] == "rdp" and acc.epsilon_bounds(1e-5)["pld"] is None
