@@ -85,6 +85,10 @@ def test_the_halt_is_exact_on_the_reported_bound():
     assert cb.stopped_step == cb.steps < 400
     probe.step(spec, sigma, cb.steps)
     assert probe.get_epsilon(DELTA) <= target < probe.epsilon_after(spec, sigma, DELTA, 1)
+    for t, shown in cb.history[::7] + cb.history[-3:]:  # the bar: never below the exact ε, never above the budget
+        exact = Accountant("poisson_gaussian")
+        exact.step(spec, sigma, t)
+        assert exact.get_epsilon(DELTA) * (1 - 1e-9) <= shown <= target
     rdp_only = Accountant("poisson_gaussian", accountant="rdp")
     rdp_only.step(spec, sigma, cb.steps)
     assert rdp_only.get_epsilon(DELTA) > target  # RDP would have stopped earlier: the PLD bought these steps

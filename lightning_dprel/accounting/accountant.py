@@ -185,14 +185,21 @@ class Accountant:
         """ε of the steps so far at this δ: the smaller valid bound (PLD where available, RDP)."""
         return self.epsilon_bounds(delta)["epsilon"]
 
-    def live_epsilon(self, delta: float) -> float:
+    def live_epsilon(self, delta: float, *, target: float | None = None) -> float:
         """An upper bound on :meth:`get_epsilon` that costs one PLD evaluation per grid count (1…10, then ×1.1):
-        the PLD at the next grid count of the open run (ε grows with steps), or RDP if smaller."""
+        the PLD at the next grid count of the open run (ε grows with steps), or RDP if smaller. With ``target``, a
+        value above it is replaced by the exact ε, or by ``target`` itself when a halting search of this run
+        (:meth:`steps_within`) already proved that the steps taken fit it."""
         rdp = self.get_epsilon_and_order(delta)[0]
         if not self._pld_ok or self._run is None:
             return self.get_epsilon(delta)
-        pld = self._pld_at(check_delta(delta), _grid_count(self._run_count))
-        return min(rdp, pld)
+        delta = check_delta(delta)
+        live = min(rdp, self._pld_at(delta, _grid_count(self._run_count)))
+        if target is None or live <= target:
+            return live
+        proven = any(k[0] == "within" and k[1] == delta and k[2] == float(target) and k[3] == self._run and k[4]
+                     and v[0] >= self._run_count for k, v in self._pld_cache.items())
+        return float(target) if proven else self.get_epsilon(delta)
 
     def epsilon_after(
         self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1, *,

@@ -230,9 +230,8 @@ class PrivacyCallback(Callback):
         self._lookahead = new_steps
         expected, self._releases = self._releases, max(self._releases, self._ledger.last_releases)
         self.noise_multiplier = self._ledger.last_noise_multiplier
-        epsilon = self._ledger.epsilon(self.delta, **self._how, live=True)  # ≥ exact (Accountant.live_epsilon)
-        if self.target_epsilon is not None and epsilon > self.target_epsilon:
-            epsilon = self.epsilon  # near the budget the grid's look-ahead may pass it: the exact value decides
+        # ≥ the exact ε; near the budget the exact ε, or the budget where the halting search proved these steps fit it
+        epsilon = self._ledger.epsilon(self.delta, **self._how, live=True, target=self.target_epsilon)
         self.history.append((steps, epsilon))
         self._log_epsilon(trainer, pl_module, epsilon)
         if self.target_epsilon is None:

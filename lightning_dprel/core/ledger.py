@@ -256,11 +256,13 @@ class PrivacyLedger:
         return self.composed(mechanism=mechanism, orders=orders, accountant=accountant).epsilon_bounds(delta)
 
     def epsilon(self, delta: float, *, mechanism: str | None = None, orders: object = None, accountant: str = "pld",
-                live: bool = False) -> float:
+                live: bool = False, target: float | None = None) -> float:
         """ε of everything spent at δ (``inf`` if any step ran without noise, 0 before any step): the smaller valid
-        bound. ``live``: an upper bound on it that is cheap after every step (:meth:`Accountant.live_epsilon`)."""
+        bound. ``live``: an upper bound on it that is cheap after every step (:meth:`Accountant.live_epsilon`, which
+        takes the budget ``target``)."""
         if live and not self.unprotected_steps and any(s.mechanism != "none" for s in self._segments):
-            return float(self.composed(mechanism=mechanism, orders=orders, accountant=accountant).live_epsilon(delta))
+            acc = self.composed(mechanism=mechanism, orders=orders, accountant=accountant)
+            return float(acc.live_epsilon(delta, target=target))
         return float(self.epsilon_bounds(delta, mechanism=mechanism, orders=orders, accountant=accountant)["epsilon"])
 
     def after(self, events: "list[GaussianRelease]") -> "PrivacyLedger":
