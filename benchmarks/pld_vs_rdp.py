@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     names = [n for n in registered_mechanisms() if get_mechanism(n).pld is not None]
-    print(f"PLD (grid {VALUE_DISCRETIZATION:g}, pessimistic) vs RDP, dp-accounting PLDAccountant (grid {REF_INTERVAL:g}) "
+    print(f"PLD (grid min({VALUE_DISCRETIZATION:g}, q/10), pessimistic) vs RDP, dp-accounting PLDAccountant (grid {REF_INTERVAL:g}) "
           f"and PRV [lower, upper]; {platform.node()}, load {os.getloadavg()[0]:.2f}")
     head = (f"{'mechanism':<23}{'K':>3}{'q':>8}{'σ':>6}{'steps':>8}{'δ':>7}{'RDP':>9}{'PLD':>9}{'PLD/RDP':>8}"
             f"{'bound':>6}{'dp-acc':>9}{'PLD−ref':>9}{'PRV [lo, hi]':>20}{'s':>6}")
@@ -159,7 +159,7 @@ def main() -> None:
           f"{sum(r['pld_above_prv_upper'] for r in with_prv)} rows (q = {loose}); "
           f"largest PLD − dp-accounting(10⁻⁴): {max(r['pld_minus_dp_accounting'] or 0 for r in rows):.4f}; "
           f"{total:.0f} s")
-    out = {"value_discretization": VALUE_DISCRETIZATION, "reference_interval": REF_INTERVAL, "machine": platform.node(),
+    out = {"value_discretization": f"min({VALUE_DISCRETIZATION:g}, q/10)", "reference_interval": REF_INTERVAL, "machine": platform.node(),
            "cpu_count": os.cpu_count(), "load_average": os.getloadavg()[0], "seconds": total, "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
