@@ -153,7 +153,7 @@ class Accountant:
         name = self.mechanism if mechanism is None else mechanism
         rdp = _lookup(name, sampling, sigma, self._key)
         run = (name, sampling, sigma)
-        if self._pld_ok and self._run_pld(run) is None:
+        if self._run != run and self._pld_ok and self._run_pld(run) is None:  # checked once per run, not per step
             self._pld_ok = False  # one event without a proven pair: this composition has the RDP bound only
         if self._run == run:
             self._run_count += num_steps
@@ -197,9 +197,8 @@ class Accountant:
         live = min(rdp, self._pld_at(delta, _grid_count(self._run_count)))
         if target is None or live <= target:
             return live
-        proven = any(k[0] == "within" and k[1] == delta and k[2] == float(target) and k[3] == self._run and k[4]
-                     and v[0] >= self._run_count for k, v in self._pld_cache.items())
-        return float(target) if proven else self.get_epsilon(delta)
+        proven = self._pld_cache.get(("within", delta, float(target), self._run, True, None))
+        return float(target) if proven is not None and proven[0] >= self._run_count else self.get_epsilon(delta)
 
     def epsilon_after(
         self, sampling: SamplingSpec, noise_multiplier: float, delta: float, num_steps: int = 1, *,
