@@ -140,16 +140,18 @@ def test_a_provable_model_is_saved_reloaded_and_exported(tmp_path):
     assert 0.0 <= auc <= 1.0
 
 
-def test_the_tiny_config_trains_privately_from_the_command_line(tmp_path):
+@pytest.mark.parametrize("config, mechanism", [("advsgm_tiny.yaml", "skip-gram, edge level"),
+                                               ("advsgm_node.yaml", "skip-gram, public ids")])
+def test_the_configs_train_privately_from_the_command_line(config, mechanism, tmp_path):
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_dprel", "fit", "--config", str(root / "configs" / "advsgm_tiny.yaml"),
+        [sys.executable, "-m", "lightning_dprel", "fit", "--config", str(root / "configs" / config),
          "--trainer.max_steps", "5", "--trainer.default_root_dir", str(tmp_path)],
         cwd=root, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "link AUC" in proc.stdout and "skip-gram, public ids" in proc.stdout
+    assert "link AUC" in proc.stdout and mechanism in proc.stdout

@@ -218,7 +218,7 @@ def test_a_ledger_with_an_event_without_a_pair_reports_rdp():
 QUOTED = [(0.01, 1.0, 1000, 1e-5, 2.101, 1.828), (0.04, 1.5, 2250, 1e-5, 7.329, 6.769),
           (0.001, 1.0, 10_000, 1e-6, 0.980, 0.555)]
 #: The K = 1 forms: all are the Poisson Gaussian ((1−q)N(0, σ²) + qN(1, σ²), N(0, σ²)).
-PSG_MECHANISMS = ["poisson_gaussian", "labelled_node_gaussian", "entity_items"]
+PSG_MECHANISMS = ["poisson_gaussian", "labelled_node_gaussian", "entity_items", "skipgram_edge"]
 #: Pessimistic rounding adds up to one grid width per composed step, so the grid follows the per-step loss: at q = 0.001
 #: over 10⁴ steps a fixed 10⁻³ grid gave 0.5815 against dp-accounting's 0.5554 at 10⁻⁴ and PRV's [0.5451, 0.5652];
 #: the accountant's grid min(10⁻³, q/10) (`discretization_for`) gives 0.5554 (the q = 0.001 row below).

@@ -1,7 +1,8 @@
 """AdvSGM's privacy units and mechanisms, registered on import (private adversarial skip-gram, Zhang et al.; spec:
 ``shared/spec/advsgm.md``).
 
-Units: :data:`NODE_PUBLIC_IDS` (provable mode) and :data:`NODE_REPLACE` (the paper's claim, bounded DP).
+Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level), :data:`EDGE` (provable mode, edge level) and
+:data:`NODE_REPLACE` (the paper's claim, bounded DP).
 
 * ``skipgram_public_ids`` — the provable mode: Poisson positives at γ = b/m over the K-capped edges, each tuple an
   oriented edge plus k negatives drawn from the *public* node-id universe, per-tuple clipping to C, dense noise
@@ -11,6 +12,12 @@ Units: :data:`NODE_PUBLIC_IDS` (provable mode) and :data:`NODE_REPLACE` (the pap
   K' = min(K, n) (:func:`~lightning_dprel.accounting.mechanisms.coupled.accounted_degree`). At K = 1 it is the
   per-example Poisson Gaussian; it never exceeds ``standard`` (Δ = C(i + 2j)), which is the bound to use when the node
   ids are private.
+* ``skipgram_edge`` — the provable mode at the edge level: Poisson positives at γ = b/m over the *uncapped* training
+  relations, each tuple one relation plus k negatives from the public id universe (NEG-SAMPLE-WOR: they depend on the
+  positives only through their count, and the tuples are exchangeable), per-tuple clipping to C, dense noise. Unit
+  :data:`EDGE`: removing one relation removes exactly its own tuple (the held-out split hashes each relation alone
+  and nothing is capped), so Δ = C and the step is the per-example Poisson sampled Gaussian
+  (:func:`~lightning_dprel.accounting.mechanisms.coupled.per_example_poisson_gaussian`, PLD and RDP).
 * ``advsgm_paper`` — the paper's Theorem 7 as published (warns: that ε does not hold; the provable ε of the
   paper's pipeline is ∞). Per iteration (one positive and one negative update):
   ε_PSG(B/|E|)(α) + ε_PSG(Bk/|V|)(α), ε_PSG(q) the Poisson-subsampled Gaussian of Mironov et al. (2019) at rate q
@@ -32,13 +39,15 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms.coupled import public_items_pld, public_items_profile, public_items_rdp
+from lightning_dprel.accounting.mechanisms.coupled import (
+    per_example_poisson_gaussian, per_example_poisson_gaussian_pld, public_items_pld, public_items_profile, public_items_rdp,
+)
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
 
 __all__ = [
-    "NODE_PUBLIC_IDS", "NODE_REPLACE", "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling",
+    "NODE_PUBLIC_IDS", "EDGE", "NODE_REPLACE", "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling",
     "advsgm_paper_epsilon", "advsgm_paper_stop_iteration", "STOP_RULES",
 ]
 
@@ -47,6 +56,12 @@ NODE_PUBLIC_IDS = register_privacy_unit(PrivacyUnit(
     "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node ids are public: "
     "the node keeps its (released) embedding row without edges, and negatives are drawn from the public id universe",
     "nodes",
+))
+EDGE = register_privacy_unit(PrivacyUnit(
+    "edge",
+    "one relation (an undirected edge) added or removed (edge-level DP); node ids are public. It protects whether one "
+    "relation exists, not a node: a node's degree and its whole neighbourhood are not protected",
+    "relations",
 ))
 NODE_REPLACE = register_privacy_unit(PrivacyUnit(
     "node_replace",
@@ -169,6 +184,12 @@ register_mechanism(
     label="skip-gram, public ids (Thm C.1, j≡0)", clipping=("standard",), accounting="skipgram_public_ids",
     pld=public_items_pld,
     description="skip-gram with negatives from public node ids: Theorem C.1's mixture with Δ=C·i (no negative-slot term)",
+)
+register_mechanism(
+    "skipgram_edge", per_example_poisson_gaussian, coupled=False, privacy_unit=EDGE,
+    label="skip-gram, edge level (Poisson Gaussian)", clipping=("standard",), accounting="skipgram_edge",
+    pld=per_example_poisson_gaussian_pld,
+    description="skip-gram, one relation per tuple, Poisson at γ = b/m, Δ = C: the per-example Poisson sampled Gaussian",
 )
 register_mechanism(
     "advsgm_paper", _advsgm_paper, coupled=False, privacy_unit=NODE_REPLACE, label="AdvSGM paper Thm 7 (does not hold)",

@@ -4,6 +4,8 @@ Provable mode (:class:`SkipGramDataModule`): the coupled edge-tuple sampling of 
 K-capped edges, Poisson positives at γ = b/m, NEG-SAMPLE-WOR negatives from the whole id universe — with the unit
 ``node_public_ids`` (the ids are public: a removed node keeps its rows, only its ≤ K positive tuples differ) or, in
 :class:`PrivateIdsSkipGramDataModule`, ``entity`` (the node set itself is private; use the ``standard`` accounting).
+Edge level (:class:`EdgeSkipGramDataModule`, unit ``edge``): the same stream over the *uncapped* relations, so one
+relation is one tuple (``skipgram_edge`` accounting).
 Paper-faithful mode (:class:`AdvSGMPaperDataModule`, unit ``node_replace``): the published batches (Algorithm 3): B
 edges without replacement, a random orientation, B·k negatives uniform on V hung on the start nodes, no degree cap; no
 bound holds for them. Each class declares its unit once, in ``privacy_unit``; its SamplingSpec reads it there.
@@ -11,6 +13,7 @@ bound holds for them. Each class declares its unit once, in ``privacy_unit``; it
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,11 +24,13 @@ from torch_geometric.data import Dataset as PyGDataset
 from lightning_dprel.core.specs import ENTITY, SamplingSpec
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
-from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
+from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule, derive_seed
+from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
 from lightning_dprel.datamodules.edge_tuples.sampling import sample_without_replacement
-from lightning_dprel.methods.advsgm.accounting import NODE_PUBLIC_IDS, NODE_REPLACE, advsgm_paper_sampling
+from lightning_dprel.methods.advsgm.accounting import EDGE, NODE_PUBLIC_IDS, NODE_REPLACE, advsgm_paper_sampling
+from lightning_dprel.methods.advsgm.evaluation import sample_non_edges
 
-__all__ = ["SkipGramDataModule", "PrivateIdsSkipGramDataModule", "AdvSGMPaperDataModule", "PaperStream"]
+__all__ = ["SkipGramDataModule", "PrivateIdsSkipGramDataModule", "EdgeSkipGramDataModule", "AdvSGMPaperDataModule", "PaperStream"]
 
 
 class SkipGramDataModule(RelationalDataModule):
@@ -58,6 +63,30 @@ class PrivateIdsSkipGramDataModule(SkipGramDataModule):
     privacy_unit = ENTITY.name
 
 
+class EdgeSkipGramDataModule(SkipGramDataModule):
+    """:class:`SkipGramDataModule` at the edge level: unit ``edge`` (one relation added or removed; node ids public).
+
+    Nothing is capped, so removing one relation from your graph removes exactly its own tuple from the training
+    relations (the held-out split hashes each relation alone): the guarantee holds for the raw graph. Use the
+    ``skipgram_edge`` accounting (Δ = C, the per-example Poisson sampled Gaussian). It protects whether one relation
+    exists, not a node: a node's degree and its neighbourhood as a whole are not protected.
+
+    Args:
+        source, eval_candidates, **kwargs: as :class:`SkipGramDataModule`, without ``max_degree`` and ``capping``.
+    """
+
+    privacy_unit = EDGE.name
+
+    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, **kwargs: Any) -> None:
+        for name in ("max_degree", "capping"):
+            if name in kwargs:
+                raise ValueError(
+                    f"EdgeSkipGramDataModule caps no degree (`{name}` is not an option): a cap that keeps edges by "
+                    "their neighbours would let one relation change others. Use SkipGramDataModule for node level."
+                )
+        super().__init__(source, max_degree=NO_DEGREE_CAP, capping="assert", **kwargs)
+
+
 class PaperStream(CoupledStream):
     """Algorithm 3's batches: B training edges without replacement, random orientation, B·k uniform negatives on V
     (with replacement, as the code draws them) hung on each positive's start node (``neg_anchor`` ≡ 0)."""
@@ -78,23 +107,41 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
 
     Its sampling spec is :func:`~lightning_dprel.methods.advsgm.accounting.advsgm_paper_sampling` (what Theorem 7
     charges); the training it feeds has provable ε = ∞ (``docs/advsgm.md``).
+
+    Args:
+        batch_size, neg_per_pos, steps_per_epoch: B, k and n_D.
+        inject_non_edges: the authors' code also adds its training non-edges to the training graph as edges: as many
+            PUBLIC random non-edges (seeded by ``seed``; never an edge of the training or test graph) as training edges.
     """
 
     privacy_unit = NODE_REPLACE.name
 
-    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, batch_size: int = 128, neg_per_pos: int = 5, steps_per_epoch: int = 15, **kwargs: Any) -> None:
-        kwargs.setdefault("max_degree", 1 << 40)  # no cap: the paper bounds no degree
+    def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, batch_size: int = 128, neg_per_pos: int = 5,
+                 steps_per_epoch: int = 15, inject_non_edges: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("max_degree", NO_DEGREE_CAP)  # no cap: the paper bounds no degree
         kwargs.setdefault("max_overflow_probability", 1.0 - 1e-12)  # negatives with replacement: no |E+|·k ≤ n bound
         super().__init__(source, expected_batch_size=float(batch_size), neg_per_pos=neg_per_pos, steps_per_epoch=steps_per_epoch, **kwargs)
-        self.batch_size = int(batch_size)
+        self.batch_size, self.inject_non_edges = int(batch_size), bool(inject_non_edges)
 
     def setup(self, stage: str | None = None) -> None:
         fresh = self.stream is None
         super().setup(stage)
         if fresh:
             old = self.stream
-            self.stream = PaperStream(old.edges, old.inputs, old.spec, old.randomness)
+            if self.inject_non_edges:
+                self._inject_non_edges()
+            self.stream = PaperStream(self.train_edges, old.inputs, self._spec, old.randomness)
             self.stream._pending, self.stream.epoch, self.stream.index = old._pending, old.epoch, old.index
+
+    def _inject_non_edges(self) -> None:
+        """The code's non-edge injection: the training graph gets as many public random non-edges as it has edges."""
+        n, m = self.num_nodes, int(self.train_edges.shape[1])
+        known = self.train_edges
+        if self.held_out_test:  # the test relations share the ids: never inject one of them
+            known = torch.cat([known, torch.stack([self.eval_query, self.eval_target])], dim=1)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "non_edges"))
+        self.train_edges = torch.cat([self.train_edges, sample_non_edges(known, n, m, generator=generator)], dim=1)
+        self._spec = replace(self._spec, num_edges=2 * m, sampling_rate=self._spec.expected_batch_size / (2 * m))
 
     @property
     def sampling_spec(self) -> SamplingSpec:

@@ -41,7 +41,8 @@ def split_tables(h: Tensor) -> tuple[Tensor, Tensor]:
     return h[..., :r], h[..., r:]
 
 
-def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: str = "both", sigmoid: str = "logistic") -> Tensor:
+def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: str = "both", sigmoid: str = "logistic",
+              negatives: str = "sum", neg_label: Tensor | None = None) -> Tensor:
     """L_sgm of a tuple (Eq. 2): −log σ(v_u·c_v) [− log σ(v_v·c_u)] − Σ_j log σ(−v_{w_j}·c_{z_j}).
 
     Args:
@@ -50,6 +51,10 @@ def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: st
         symmetric: score the positive both ways (an undirected edge: u→v and v→u), else u→v only.
         part: ``"both"``, ``"positive"`` or ``"negative"`` (the paper's two updates per iteration, Eq. 24).
         sigmoid: ``"logistic"`` or ``"constrained"`` (S, Algorithm 1).
+        negatives: ``"sum"`` (Eq. 2) or ``"mean"`` over the k negatives (the authors' code: its negative update is the
+            mean over its own B·k pairs, so they weigh as much as the B positives).
+        neg_label: ``[..., k]`` labels y_j ∈ {−1, +1} of the negatives, term −log σ(y_j·v_{w_j}·c_{z_j}) (None: all −1;
+            the code labels a sampled pair that is an edge +1).
 
     Returns:
         ``[...]`` per-tuple losses.
@@ -63,7 +68,9 @@ def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: st
     if part in ("both", "negative") and h.shape[-2] > 2:
         anchor = neg_anchor.to(h.dtype)[..., None]  # [..., k, 1]
         v_w = v[..., 0:1, :] * (1 - anchor) + v[..., 1:2, :] * anchor
-        loss = loss - log_sigmoid(-(v_w * c[..., 2:, :]).sum(-1), sigmoid).sum(-1)
+        score = (v_w * c[..., 2:, :]).sum(-1)
+        terms = log_sigmoid(-score if neg_label is None else neg_label.to(h.dtype) * score, sigmoid)
+        loss = loss - (terms.mean(-1) if negatives == "mean" else terms.sum(-1))
     return loss
 
 

@@ -5,11 +5,11 @@ negatives from the public id universe) has loss L_sgm (+ λ·L_adv against the g
 released state); its whole gradient — every row of W_in and W_out it touches — is clipped to C (ghost clipping on the
 two embedding tables), the clipped sum gets N(0, σ²C²) on **every** coordinate of both tables (one release, one
 DP optimizer), divided by b. Unit ``node_public_ids`` with the ``skipgram_public_ids`` accounting (Theorem C.1, j ≡ 0),
-or ``entity`` with ``standard`` when the node set is private.
+``entity`` with ``standard`` when the node set is private, or ``edge`` with ``skipgram_edge`` (one relation, Δ = C).
 
 Paper-faithful mode (``mode="paper"``): the authors' Algorithm 3 — fixed-size batches, a positive update then a
 negative update per iteration (Eq. 24), per-example ξ ~ N(0, C²σ²I) inside the constrained sigmoid S (Algorithm 1),
-λ = 1, no clipping, the code's generator. Its steps carry no noise from the library's view (the ξ terms protect
+λ = 1, no clipping, the code's generator, the negative update the mean over its B·k pairs (as the code weighs it). Its steps carry no noise from the library's view (the ξ terms protect
 nothing: spec items 1–4), so the ledger says ε = ∞; the paper's Theorem 7 ε only decides when it stops
 (:class:`~lightning_dprel.methods.advsgm.paper.PaperStop`).
 """
@@ -52,8 +52,10 @@ def _paper_positive_head(h: Tensor, neg_anchor: Tensor, fakes: Tensor, xi: Tenso
     return pos + adversarial_loss(h, fakes, noise=xi, sigmoid="constrained", symmetric=False)  # λ = 1 (the code)
 
 
-def _paper_negative_head(h: Tensor, neg_anchor: Tensor) -> Tensor:
-    return sgns_loss(h, neg_anchor, symmetric=False, part="negative", sigmoid="constrained")
+def _paper_negative_head(h: Tensor, neg_anchor: Tensor, *label: Tensor) -> Tensor:
+    """Eq. 24's negative update weighted as the code: the mean over the tuple's k negatives (÷ B in the step: over B·k)."""
+    return sgns_loss(h, neg_anchor, symmetric=False, part="negative", sigmoid="constrained", negatives="mean",
+                     neg_label=label[0] if label else None)
 
 
 class DPSkipGramModule(PrivateModule):
@@ -70,9 +72,12 @@ class DPSkipGramModule(PrivateModule):
         paper_sigma: the paper's σ of ξ ~ N(0, C²σ²I) (``mode="paper"``; C = ``clip_norm``).
         paper_rounds: n_D, the discriminator iterations per epoch after which the paper's generator takes
             ``paper_generator_steps`` (n_G) steps.
+        edge_labelled_negatives: as the authors' code, a sampled negative pair that is a training edge gets label +1
+            (``mode="paper"`` only: it reads E outside the tuple, which no provable mode may).
         lr, weight_decay, optimizer, momentum: the wrapped optimizer (the paper's code: Adam, 0.1).
         clipping: ``"standard"`` (provable) or ``"none"`` (non-private baseline, needs σ = 0; paper mode forces it).
-        accounting: ``"skipgram_public_ids"`` (ids public) or ``"standard"`` (node set private).
+        accounting: ``"skipgram_public_ids"`` (node level, ids public), ``"standard"`` (node set private) or
+            ``"skipgram_edge"`` (edge level, :class:`~lightning_dprel.methods.advsgm.datamodule.EdgeSkipGramDataModule`).
         clip_norm, noise_multiplier, noise_seed, allow_untracked, diagnostics: as for every private module.
         per_tuple_mode: ``"auto"``/``"ghost"`` (the tables' ghost norms, exact here) or ``"vmap"``
             (:class:`~lightning_dprel.grad_sample.dispatch.GradSampler`).
@@ -87,7 +92,7 @@ class DPSkipGramModule(PrivateModule):
         self, encoder: nn.Module | Mapping | None = None, *, num_nodes: int | None = None, dim: int = 128, init_std: float = 1.0,
         mode: str = "provable", adversarial: float = 0.0, generator_steps: int = 1, generator_lr: float = 0.01,
         generator_noise: float = 0.1, generator_batch: int = 256, paper_sigma: float = 5.0, paper_rounds: int = 15,
-        paper_generator_steps: int = 5, lr: float = 0.01, weight_decay: float = 0.0, optimizer: str = "adam",
+        paper_generator_steps: int = 5, edge_labelled_negatives: bool = False, lr: float = 0.01, weight_decay: float = 0.0, optimizer: str = "adam",
         momentum: float = 0.0, clipping: str = "standard", accounting: str = "skipgram_public_ids", clip_norm: float = 1.0,
         noise_multiplier: float = 1.0, noise_seed: int | None = None, allow_untracked: bool = False,
         per_tuple_mode: str = "auto", chunk_size: int | None = None, diagnostics: bool = False,
@@ -98,6 +103,8 @@ class DPSkipGramModule(PrivateModule):
         self.grad_sampler = GradSampler(per_tuple_mode, chunk_size)  # grad_sample's one entry point (validates both)
         if not float(adversarial) >= 0.0:
             raise ValueError(f"`adversarial` (λ) must be >= 0, got {adversarial}.")
+        if edge_labelled_negatives and mode != "paper":
+            raise ValueError("`edge_labelled_negatives` reads the training edges outside each tuple: paper mode only.")
         if mode == "paper":
             rank_zero_warn(ADVSGM_PAPER_WARNING, category=UserWarning)
             clipping, noise_multiplier = "none", 0.0  # nothing is accounted: the NoiseSpec names mechanism "none"
@@ -120,6 +127,7 @@ class DPSkipGramModule(PrivateModule):
         self.val_auc, self.test_auc = BinaryAUROC(), BinaryAUROC()
         #: The paper's nominal claim for this run (set by :class:`~lightning_dprel.methods.advsgm.paper.PaperStop`).
         self.paper_claim: dict[str, Any] = {}
+        self._edge_keys: Tensor | None = None  # sorted training-edge keys (edge_labelled_negatives only)
 
     def _build(self, encoder: NodeIdEmbedding) -> None:
         self.encoder = encoder
@@ -158,6 +166,10 @@ class DPSkipGramModule(PrivateModule):
             raise ValueError(
                 f"The datamodule has {dm.num_nodes} node ids but the tables have {self.encoder.node_vectors.num_embeddings} rows."
             )
+        if self.hparams.get("edge_labelled_negatives") and stage == "fit":
+            if getattr(dm, "train_edges", None) is None:
+                raise ValueError("`edge_labelled_negatives` needs a datamodule with `train_edges` (AdvSGMPaperDataModule).")
+            self._edge_keys = torch.unique(self._pair_key(dm.train_edges[0], dm.train_edges[1]))
 
     def configure_optimizers(self):
         return self.build_dp_optimizer(trainable_parameters(self.encoder))
@@ -206,12 +218,24 @@ class DPSkipGramModule(PrivateModule):
         ids = batch.pos.long().to(self.device)
         fakes = self.generator.fakes(ids, normalised=True)  # [B, 2, r]: (v'_i, v'_j)
         xi = self._keyed_normal(batch, "xi", (batch.size, 2, r), std=float(hp.clip_norm) * float(hp.paper_sigma))
-        for head, args in ((_paper_positive_head, (anchor, fakes, xi)), (_paper_negative_head, (anchor,))):
+        negative = (anchor,) if self._edge_keys is None else (anchor, self._negative_labels(batch))
+        for head, args in ((_paper_positive_head, (anchor, fakes, xi)), (_paper_negative_head, negative)):
             result = self.per_tuple(batch, head, args)
             self.private_step(result.grads, max_freq=batch.max_freq, batch=batch)
         if (batch.step + 1) % int(hp.paper_rounds) == 0:  # end of an epoch's n_D rounds: n_G generator steps on E
             for _ in range(int(hp.paper_generator_steps)):
                 self.generator.fit_edges(self.node_vectors, self.context_vectors, ids)
+
+    def _pair_key(self, a: Tensor, b: Tensor) -> Tensor:
+        n = self.encoder.node_vectors.num_embeddings
+        a, b = a.long().cpu(), b.long().cpu()
+        return torch.minimum(a, b) * n + torch.maximum(a, b)
+
+    def _negative_labels(self, batch: TupleBatch) -> Tensor:
+        """y_j = +1 where the negative pair (w_j, z_j) is a training edge, else −1 (the code's relabelling)."""
+        w = torch.where(batch.neg_anchor.bool(), batch.pos[:, 1:2], batch.pos[:, 0:1])
+        is_edge = torch.isin(self._pair_key(w.expand_as(batch.neg), batch.neg), self._edge_keys)
+        return (is_edge.double() * 2 - 1).to(self.device)
 
     # --- evaluation: link prediction AUC of v_u·v_v (Section VI) ---------------------------------------
     def _auc_update(self, batch: RankingBatch, metric: BinaryAUROC) -> None:
