@@ -39,6 +39,16 @@ def test_a_provable_audit_stays_below_the_proven_epsilon():
     assert not audit.violation and audit.one_run.epsilon <= audit.epsilon_proven
 
 
+def test_an_edge_level_audit_stays_below_the_proven_epsilon():
+    """The canary is a relation (c, host); the released tables' alignment may not reveal it beyond the edge-level ε."""
+    audit = skipgram_audit(_base(300, 1500), mode="provable", level="edge", canaries=200, target_epsilon=2.0, steps=60,
+                           datamodule=dict(expected_batch_size=40, neg_per_pos=1),
+                           module=dict(dim=4, lr=0.05, optimizer="adam", init_std=1.0),
+                           coins=KeyedStream.seeded(3, "coins", warn=False))
+    assert 0 < audit.epsilon_proven <= 2.0
+    assert not audit.violation and audit.one_run.epsilon <= audit.epsilon_proven
+
+
 def test_top_only_guesses_count_only_inclusions():
     scores = [5.0, 4.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     coins = [True, True, True, True, False, False, False, False]

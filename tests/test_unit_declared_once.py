@@ -20,7 +20,9 @@ from lightning_dprel.datamodules.datasets.nodes import SyntheticNodes
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
 from lightning_dprel.datamodules.edge_tuples.link_batches import LinkPredictionDataModule
 from lightning_dprel.demos import random_feature_graph
-from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModule, PrivateIdsSkipGramDataModule, SkipGramDataModule
+from lightning_dprel.methods.advsgm import (
+    AdvSGMPaperDataModule, DPSkipGramModule, EdgeSkipGramDataModule, PrivateIdsSkipGramDataModule, SkipGramDataModule,
+)
 from lightning_dprel.methods.dp_gcn.datamodule import NodeSplitDataModule
 from lightning_dprel.methods.dp_gpl.datamodule import PromptDataModule
 from lightning_dprel.methods.dp_gpl.dpsgd import DPPromptTuning, PrivateNodeExamples
@@ -43,6 +45,7 @@ FACTORIES: dict[type, Callable[[], Any]] = {
     RelationalDataModule: lambda: RelationalDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
     LinkPredictionDataModule: lambda: LinkPredictionDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
     SkipGramDataModule: lambda: SkipGramDataModule(_graph(), max_degree=4, expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
+    EdgeSkipGramDataModule: lambda: EdgeSkipGramDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
     PrivateIdsSkipGramDataModule: lambda: PrivateIdsSkipGramDataModule(_graph(), max_degree=4, expected_batch_size=6,
                                                                        neg_per_pos=1, sampling_seed=0),
     AdvSGMPaperDataModule: lambda: AdvSGMPaperDataModule(_graph(), batch_size=8, neg_per_pos=1, sampling_seed=0),
@@ -91,10 +94,11 @@ def test_the_unit_of_every_sampling_spec_is_the_class_attribute(cls):
     assert dm.sampling_spec.privacy_unit == privacy_unit(cls.privacy_unit).name
 
 
-def test_the_advsgm_units_are_its_three_classes():
-    units = {c: privacy_unit(c.privacy_unit).name for c in (SkipGramDataModule, PrivateIdsSkipGramDataModule, AdvSGMPaperDataModule)}
+def test_the_advsgm_units_are_its_four_classes():
+    classes = (SkipGramDataModule, PrivateIdsSkipGramDataModule, EdgeSkipGramDataModule, AdvSGMPaperDataModule)
+    units = {c: privacy_unit(c.privacy_unit).name for c in classes}
     assert units == {SkipGramDataModule: "node_public_ids", PrivateIdsSkipGramDataModule: "entity",
-                     AdvSGMPaperDataModule: "node_replace"}
+                     EdgeSkipGramDataModule: "edge", AdvSGMPaperDataModule: "node_replace"}
 
 
 class _Declares(PrivateDataModule):

@@ -2,7 +2,7 @@
 
 Canary c is a new node id with one edge (c, host_c) to a random node of the base graph. Its secret coin (keyed
 stream) decides whether the edge is in the training graph; the id exists in both worlds (unit ``node_public_ids``: the
-node keeps its row without edges). After training, the auditor scores each canary from the released W_in and W_out:
+node keeps its row without edges; at the edge level, unit ``edge``, the canary is the relation itself). After training, the auditor scores each canary from the released W_in and W_out:
 
 * ``"displacement"``: ‖v_c − v_c⁰‖, how far the canary's node vector left its (public) initialisation. Under the
   paper-faithful pipeline an isolated node's row never moves (spec item 1), so every moved row is an included canary.
@@ -28,7 +28,9 @@ from lightning_dprel.audit.bounds import OneRunBound, one_run_audit
 from lightning_dprel.audit.canaries import check_int, secret_coins
 from lightning_dprel.callbacks.privacy import PrivacyCallback
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModule, PaperStop, SkipGramDataModule
+from lightning_dprel.methods.advsgm import (
+    AdvSGMPaperDataModule, DPSkipGramModule, EdgeSkipGramDataModule, PaperStop, SkipGramDataModule,
+)
 
 __all__ = ["SkipGramAudit", "skipgram_audit", "SCORES"]
 
@@ -74,7 +76,7 @@ def _world(base: Data, hosts: torch.Tensor, coins: torch.Tensor) -> Data:
 def skipgram_audit(
     base: Data, *, mode: str = "provable", canaries: int = 200, target_epsilon: float = 1.0, delta: float = 1e-5,
     steps: int = 200, score: str = "auto", confidence: float = 0.95, datamodule: dict | None = None,
-    module: dict | None = None, coins: KeyedStream | None = None, seed: int = 0,
+    module: dict | None = None, coins: KeyedStream | None = None, seed: int = 0, level: str = "node",
 ) -> SkipGramAudit:
     """Train once on ``base`` plus ``canaries`` degree-1 canaries (secret coins) and audit the released tables.
 
@@ -88,10 +90,13 @@ def skipgram_audit(
         datamodule, module: extra options of the datamodule and of :class:`DPSkipGramModule`.
         coins: the coins' keyed stream (default: secret); a seeded one for tests.
         seed: the public seed of the canaries' hosts.
+        level: the provable mode's unit: ``"node"`` (``node_public_ids``) or ``"edge"`` (``edge``, ``skipgram_edge``).
     """
     check_int("canaries", canaries, 2)
     if mode not in ("provable", "paper"):
         raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
+    if level not in ("node", "edge"):
+        raise ValueError(f"`level` must be 'node' or 'edge', got {level!r}.")
     if score not in SCORES:
         raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
     score = ("displacement" if mode == "paper" else "alignment") if score == "auto" else score
@@ -105,7 +110,9 @@ def skipgram_audit(
         model = DPSkipGramModule(mode="paper", num_nodes=graph.num_nodes, **mod_opts)
         callbacks, max_steps = [PaperStop(target_epsilon, delta=delta)], 2 * 750
     else:
-        dm = SkipGramDataModule(graph, test_source=graph, **dm_opts)
+        if level == "edge":
+            mod_opts.setdefault("accounting", "skipgram_edge")
+        dm = (EdgeSkipGramDataModule if level == "edge" else SkipGramDataModule)(graph, test_source=graph, **dm_opts)
         model = DPSkipGramModule(num_nodes=graph.num_nodes, **mod_opts)
         callbacks, max_steps = [PrivacyCallback(target_epsilon=target_epsilon, delta=delta, calibrate=True)], steps
     init = model.node_vectors.clone()
