@@ -205,7 +205,7 @@ def _resumed(log: str | None, graphs: list[str]) -> dict[tuple, dict]:
         return {}
     if len(graphs) != 1:
         raise SystemExit("--resume takes the log of one graph's run: pass one --graphs name.")
-    rows = [json.loads(line) for line in Path(log).read_text().splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in Path(log).read_text().splitlines() if line.startswith("{\"")]
     return {(r["kind"], r["target_eps"], r["seed"]): r for r in rows}
 
 

@@ -2,7 +2,8 @@
 
 Canary c is a new node id with one edge (c, host_c) to a random node of the base graph. Its secret coin (keyed
 stream) decides whether the edge is in the training graph; the id exists in both worlds (unit ``node_public_ids``: the
-node keeps its row without edges; at the edge level, unit ``edge``, the canary is the relation itself). After training, the auditor scores each canary from the released W_in and W_out:
+node keeps its row without edges; at the edge level, unit ``edge``, the canary is the relation
+itself). After training, the auditor scores each canary from the released W_in and W_out:
 
 * ``"displacement"``: ‖v_c − v_c⁰‖, how far the canary's node vector left its (public) initialisation. Under the
   paper-faithful pipeline an isolated node's row never moves (spec item 1), so every moved row is an included canary.

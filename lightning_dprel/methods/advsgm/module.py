@@ -9,8 +9,9 @@ DP optimizer), divided by b. Unit ``node_public_ids`` with the ``skipgram_public
 
 Paper-faithful mode (``mode="paper"``): the authors' Algorithm 3 — fixed-size batches, a positive update then a
 negative update per iteration (Eq. 24), per-example ξ ~ N(0, C²σ²I) inside the constrained sigmoid S (Algorithm 1),
-λ = 1, no clipping, the code's generator, the negative update the mean over its B·k pairs (as the code weighs it). Its steps carry no noise from the library's view (the ξ terms protect
-nothing: spec items 1–4), so the ledger says ε = ∞; the paper's Theorem 7 ε only decides when it stops
+λ = 1, no clipping, the code's generator, the negative update the mean over its B·k pairs (as the code weighs it).
+Its steps carry no noise from the library's view (the ξ terms protect nothing: spec items 1–4), so the ledger says
+ε = ∞; the paper's Theorem 7 ε only decides when it stops
 (:class:`~lightning_dprel.methods.advsgm.paper.PaperStop`).
 """
 
@@ -92,9 +93,9 @@ class DPSkipGramModule(PrivateModule):
         self, encoder: nn.Module | Mapping | None = None, *, num_nodes: int | None = None, dim: int = 128, init_std: float = 1.0,
         mode: str = "provable", adversarial: float = 0.0, generator_steps: int = 1, generator_lr: float = 0.01,
         generator_noise: float = 0.1, generator_batch: int = 256, paper_sigma: float = 5.0, paper_rounds: int = 15,
-        paper_generator_steps: int = 5, edge_labelled_negatives: bool = False, lr: float = 0.01, weight_decay: float = 0.0, optimizer: str = "adam",
-        momentum: float = 0.0, clipping: str = "standard", accounting: str = "skipgram_public_ids", clip_norm: float = 1.0,
-        noise_multiplier: float = 1.0, noise_seed: int | None = None, allow_untracked: bool = False,
+        paper_generator_steps: int = 5, edge_labelled_negatives: bool = False, lr: float = 0.01, weight_decay: float = 0.0,
+        optimizer: str = "adam", momentum: float = 0.0, clipping: str = "standard", accounting: str = "skipgram_public_ids",
+        clip_norm: float = 1.0, noise_multiplier: float = 1.0, noise_seed: int | None = None, allow_untracked: bool = False,
         per_tuple_mode: str = "auto", chunk_size: int | None = None, diagnostics: bool = False,
     ) -> None:
         super().__init__()
