@@ -5,13 +5,13 @@ refused for the node-level mechanisms and vice versa."""
 from __future__ import annotations
 
 import json
-from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from dp_accounting import dp_event
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+from test_advsgm_soundness import _released_sum  # the real step's clipped sum, σ = 0
 from torch_geometric.data import Data
 
 from lightning_dprel.accounting import Accountant, get_mechanism, per_step_rdp
@@ -22,7 +22,6 @@ from lightning_dprel.demos.specs import make_spec
 from lightning_dprel.export import export_model
 from lightning_dprel.methods.advsgm import DPSkipGramModule, EdgeSkipGramDataModule, SkipGramDataModule
 from lightning_dprel.methods.advsgm.accounting import EDGE
-from lightning_dprel.methods.advsgm.module import _provable_head
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -98,21 +97,6 @@ def test_removing_one_relation_from_the_raw_graph_removes_exactly_its_own_traini
 
 
 # ---------------------------------------------------------------- sensitivity through the real step
-def _released_sum(module: DPSkipGramModule, batch, fakes: torch.Tensor | None) -> torch.Tensor:
-    """The clipped sum the real step noises (σ = 0 here), over both tables; ``fakes`` ride with their tuples."""
-    dp = module.build_dp_optimizer(dict(module.encoder.named_parameters()))
-    args = (batch.neg_anchor.long(),) + (() if fakes is None else (fakes,))
-    result = module.per_tuple(batch, partial(_provable_head, adversarial=0.0 if fakes is None else 0.5), args)
-    dp.record(result.grads, max_freq=batch.max_freq, expected_batch_size=1.0)
-    before = {n: p.detach().clone() for n, p in module.encoder.named_parameters()}
-    dp.step()
-    delta = torch.cat([(before[n] - p.detach()).flatten() for n, p in module.encoder.named_parameters()])
-    with torch.no_grad():
-        for n, p in module.encoder.named_parameters():
-            p.copy_(before[n])
-    return delta.double()
-
-
 @pytest.mark.parametrize("mode, adversarial", [("ghost", 0.0), ("vmap", 0.0), ("ghost", 0.5)])
 def test_removing_any_relation_of_a_real_batch_moves_the_released_sum_by_at_most_c(mode, adversarial):
     """Brute force over every relation of a real batch: ‖S(G) − S(G − e)‖ ≤ C, met with equality where a tuple's
@@ -146,4 +130,5 @@ def test_an_edge_level_fit_spends_at_most_its_budget_and_exports_its_unit(tmp_pa
     assert 1.5 < module.privacy_ledger.epsilon(1e-5) <= 2.0
     export_model(module, tmp_path)
     privacy = json.loads((tmp_path / "privacy.json").read_text())
-    assert "edge" in json.dumps(privacy)
+    assert privacy["mechanism"] == "skipgram_edge" and privacy["privacy_unit"] == str(EDGE)
+    assert "not a node" in privacy["privacy_unit"]  # what it does not protect travels with the model

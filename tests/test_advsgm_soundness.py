@@ -74,14 +74,16 @@ def _batch_without(dm: SkipGramDataModule, pos: torch.Tensor, neg: torch.Tensor,
     return dm.stream.make_batch(pos[keep], neg[keep], anchor[keep], step=0), int((~keep).sum())
 
 
-def _released_sum(module: DPSkipGramModule, batch) -> torch.Tensor:
-    """The clipped sum Σ_i f_i g_i that the real step noises (σ = 0 here), flattened over both tables."""
+def _released_sum(module: DPSkipGramModule, batch, fakes: torch.Tensor | None = None) -> torch.Tensor:
+    """The clipped sum Σ_i f_i g_i that the real step noises (σ = 0 here), flattened over both tables; ``fakes``
+    (adversarial terms at λ = 0.5) ride with their tuples."""
     from functools import partial
 
     from lightning_dprel.methods.advsgm.module import _provable_head
 
     dp = module.build_dp_optimizer(dict(module.encoder.named_parameters()))
-    result = module.per_tuple(batch, partial(_provable_head, adversarial=0.0), (batch.neg_anchor.long(),))
+    args = (batch.neg_anchor.long(),) + (() if fakes is None else (fakes,))
+    result = module.per_tuple(batch, partial(_provable_head, adversarial=0.0 if fakes is None else 0.5), args)
     dp.record(result.grads, max_freq=batch.max_freq, expected_batch_size=1.0)
     before = {n: p.detach().clone() for n, p in module.encoder.named_parameters()}
     dp.step()
