@@ -59,6 +59,8 @@ def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: st
     Returns:
         ``[...]`` per-tuple losses.
     """
+    if negatives not in ("sum", "mean"):
+        raise ValueError(f"`negatives` must be 'sum' or 'mean', got {negatives!r}.")
     v, c = split_tables(h)
     loss = h.new_zeros(h.shape[:-2])
     if part in ("both", "positive"):
