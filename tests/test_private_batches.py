@@ -17,6 +17,7 @@ from test_unit_declared_once import FACTORIES
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many workers).*")
 
 FAMILY = {"RelationalDataModule": TupleBatch, "SkipGramDataModule": TupleBatch, "PrivateIdsSkipGramDataModule": TupleBatch,
+          "EdgeSkipGramDataModule": TupleBatch,
           "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch,
           "LinkPredictionDataModule": Data, "EntityItemDataModule": dict}
 #: Batches in PyG's shape for a user's own module: a ``Data`` that carries b and the sample token as attributes.
