@@ -40,13 +40,21 @@ def test_a_provable_audit_stays_below_the_proven_epsilon():
 
 
 def test_an_edge_level_audit_stays_below_the_proven_epsilon():
-    """The canary is a relation (c, host); the released tables' alignment may not reveal it beyond the edge-level ε."""
+    """The canary is a relation (c, host). Displacement under SGD: without the dense noise an excluded canary's row would
+    never move, so a missing-noise bug separates the canaries and the bound far exceeds ε; with it, the bound (0 here:
+    a one-run audit of 200 canaries has little power at ε = 2) may not exceed the proven ε."""
     audit = skipgram_audit(_base(300, 1500), mode="provable", level="edge", canaries=200, target_epsilon=2.0, steps=60,
-                           datamodule=dict(expected_batch_size=40, neg_per_pos=1),
-                           module=dict(dim=4, lr=0.05, optimizer="adam", init_std=1.0),
+                           score="displacement", datamodule=dict(expected_batch_size=40, neg_per_pos=1),
+                           module=dict(dim=4, lr=5.0, optimizer="sgd", init_std=1.0),
                            coins=KeyedStream.seeded(3, "coins", warn=False))
-    assert 0 < audit.epsilon_proven <= 2.0
+    assert audit.level == "edge" and 0 < audit.epsilon_proven <= 2.0
+    assert audit.moved_out == audit.canaries - audit.included  # dense noise moved every excluded canary's row
     assert not audit.violation and audit.one_run.epsilon <= audit.epsilon_proven
+
+
+def test_the_edge_level_is_a_provable_units_audit():
+    with pytest.raises(ValueError, match="provable mode's unit"):
+        skipgram_audit(_base(50, 100), mode="paper", level="edge")
 
 
 def test_top_only_guesses_count_only_inclusions():

@@ -68,7 +68,7 @@ def test_a_fit_with_the_other_levels_accounting_is_refused_before_step_one(datam
     dm = datamodule(_graph(), expected_batch_size=10, neg_per_pos=1, sampling_seed=0, **kwargs)
     module = DPSkipGramModule(num_nodes=60, dim=4, accounting=accounting)
     before = module.node_vectors.clone()
-    with pytest.raises(ValueError, match="Privacy unit mismatch"):
+    with pytest.raises(ValueError, match="Privacy unit mismatch|holds only for uncapped data"):
         quiet_trainer([PrivacyCallback(target_epsilon=3.0, delta=1e-5, calibrate=True)], max_steps=2).fit(module, dm)
     assert torch.equal(module.node_vectors, before)
 
@@ -132,3 +132,43 @@ def test_an_edge_level_fit_spends_at_most_its_budget_and_exports_its_unit(tmp_pa
     privacy = json.loads((tmp_path / "privacy.json").read_text())
     assert privacy["mechanism"] == "skipgram_edge" and privacy["privacy_unit"] == str(EDGE)
     assert "not a node" in privacy["privacy_unit"]  # what it does not protect travels with the model
+
+
+# ---------------------------------------------------------------- facts of the data the private edges may not set
+def test_a_node_count_inferred_from_the_edges_is_refused():
+    """PyG infers n from the largest id in edge_index: with (0, 9) as node 9's only edge the tables would have 10 rows
+    with it and 6 without, so the shape alone would reveal the relation."""
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 5, 9]])
+    dm = EdgeSkipGramDataModule(Data(edge_index=ei), expected_batch_size=2, neg_per_pos=1, sampling_seed=0)
+    with pytest.raises(ValueError, match="states no node count"):
+        dm.setup("fit")
+    stated = EdgeSkipGramDataModule(Data(edge_index=ei, num_nodes=12), expected_batch_size=2, neg_per_pos=1, sampling_seed=0)
+    stated.setup("fit")
+    assert stated.num_nodes == 12
+
+
+def test_a_transform_that_could_rewrite_the_relations_is_refused():
+    from torch_geometric.transforms import TwoHop
+
+    for datamodule in (EdgeSkipGramDataModule, SkipGramDataModule):
+        with pytest.raises(ValueError, match="takes no `transform`"):
+            datamodule(_graph(), transform=TwoHop())
+
+
+def test_capped_data_is_refused_by_the_edge_mechanism_however_it_was_declared():
+    class CappedButSaysEdge(SkipGramDataModule):
+        privacy_unit = "edge"
+
+    class CapsAfterInit(EdgeSkipGramDataModule):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.max_degree = 3
+
+    for dm, match in ((CappedButSaysEdge(_graph(), max_degree=3, expected_batch_size=10, neg_per_pos=1, sampling_seed=0),
+                       "holds only for uncapped data"),
+                      (CapsAfterInit(_graph(), expected_batch_size=10, neg_per_pos=1, sampling_seed=0), "caps no degree")):
+        module = DPSkipGramModule(num_nodes=60, dim=4, accounting="skipgram_edge")
+        before = module.node_vectors.clone()
+        with pytest.raises(ValueError, match=match):
+            quiet_trainer([PrivacyCallback(target_epsilon=2.0, delta=1e-5, calibrate=True)], max_steps=2).fit(module, dm)
+        assert torch.equal(module.node_vectors, before)

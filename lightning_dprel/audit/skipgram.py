@@ -52,6 +52,7 @@ class SkipGramAudit:
     epsilon_proven: float
     epsilon_nominal: float | None
     one_run: OneRunBound
+    level: str = "node"  #: the provable mode's unit: "node" (node_public_ids) or "edge"
 
     @property
     def violation(self) -> bool:
@@ -98,6 +99,8 @@ def skipgram_audit(
         raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
     if level not in ("node", "edge"):
         raise ValueError(f"`level` must be 'node' or 'edge', got {level!r}.")
+    if level == "edge" and mode == "paper":
+        raise ValueError("`level='edge'` is a provable mode's unit; the paper-faithful mode has none (provable ε = ∞).")
     if score not in SCORES:
         raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
     score = ("displacement" if mode == "paper" else "alignment") if score == "auto" else score
@@ -119,14 +122,14 @@ def skipgram_audit(
     init = model.node_vectors.clone()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        level = logging.getLogger("pytorch_lightning").level
+        log_level = logging.getLogger("pytorch_lightning").level
         logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         try:
             pl.Trainer(max_steps=max_steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu",
                        callbacks=callbacks).fit(model, dm)
         finally:
-            logging.getLogger("pytorch_lightning").setLevel(level)
+            logging.getLogger("pytorch_lightning").setLevel(log_level)
     ids = torch.arange(n0, n0 + canaries)
     moved = model.node_vectors[ids] - init[ids]
     raw = moved.norm(dim=1) if score == "displacement" else (moved * model.context_vectors[hosts]).sum(1)
@@ -139,5 +142,5 @@ def skipgram_audit(
     return SkipGramAudit(
         mode=mode, score=score, canaries=canaries, included=int(included.sum()), moved_in=int((changed & included).sum()),
         moved_out=int((changed & ~included).sum()), delta=delta, epsilon_proven=float(proven), epsilon_nominal=nominal,
-        one_run=bound,
+        one_run=bound, level=level,
     )

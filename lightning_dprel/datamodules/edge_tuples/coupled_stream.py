@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_dprel.datamodules.edge_tuples.graph_prep import check_int
+from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP, check_int
 from lightning_dprel.datamodules.edge_tuples.rows import gather_rows, one_thread, slice_rows
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.core.randomness import KeyedStream
@@ -53,12 +53,13 @@ def make_spec(
 
     ``privacy_unit``: the datamodule's declared unit (its class attribute); ``entity`` for the standalone settings."""
     n, m, b, k = num_nodes, num_edges, expected_batch_size, neg_per_pos
+    capped = "capped " if max_degree < NO_DEGREE_CAP else ""
     if m < 1:
-        raise ValueError("no training relations are left after degree capping; raise max_degree.")
+        raise ValueError(f"no training relations are left{' after degree capping; raise max_degree' if capped else ''}.")
     if b > m:
         raise ValueError(
-            f"`expected_batch_size` (b={b:g}) exceeds the {m} capped training relations (gamma = b/m > 1); "
-            "lower expected_batch_size or use a larger graph / larger max_degree."
+            f"`expected_batch_size` (b={b:g}) exceeds the {m} {capped}training relations (gamma = b/m > 1); "
+            f"lower expected_batch_size or use a larger graph{' / larger max_degree' if capped else ''}."
         )
     gamma = b / m
     if k > 0:

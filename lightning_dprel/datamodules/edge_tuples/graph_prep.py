@@ -88,9 +88,15 @@ def as_graph(obj: Any, name: str) -> tuple[Data, Data | None, Data | None]:
     )
 
 
-def count_nodes(data: Data, name: str) -> int:
-    """n of a graph: ``data.num_nodes``, else the number of texts; at least 1."""
+def count_nodes(data: Data, name: str, *, stated: bool = False) -> int:
+    """n of a graph: ``data.num_nodes``, else the number of texts; at least 1. ``stated``: refuse an n that PyG would
+    infer from the largest id in ``edge_index`` (id inputs: n is the public id universe, never a fact of the edges)."""
     text = getattr(data, "text", None)
+    if stated and "num_nodes" not in data and getattr(data, "x", None) is None and text is None:
+        raise ValueError(
+            f"`{name}` states no node count: set `data.num_nodes` to the public id universe. PyG would infer it from the "
+            "largest id in `edge_index`, which depends on the private relations."
+        )
     n = data.num_nodes
     if n is None:
         n = len(text) if isinstance(text, (list, tuple)) else None
@@ -283,7 +289,7 @@ def prepare(
     :class:`~lightning_dprel.datamodules.edge_tuples.public.PublicRelations` is prepared with the same node inputs."""
     train, test, val = _load_graphs(source, test_source, val_source, transform)
     tok = load_tokenizer(tokenizer)
-    n = count_nodes(train, "source")
+    n = count_nodes(train, "source", stated=inputs == "ids")
     train_inputs = node_inputs(train, n, tok, max_length, "source", inputs)
     oriented = oriented_relations(train, n, "source")
     if test is None:  # held-out split of the same graph, before capping: a per-relation hash decision
@@ -299,7 +305,7 @@ def prepare(
         test_edges, oriented = oriented[:, held_out], oriented[:, ~held_out]
         test_n, test_inputs = n, train_inputs
     else:
-        test_n = count_nodes(test, "test_source")
+        test_n = count_nodes(test, "test_source", stated=inputs == "ids")
         test_inputs = node_inputs(test, test_n, tok, max_length, "test_source", inputs)
         test_edges = _eval_relations(test, test_n, "test_source", "test")
     if relation_fraction < 1.0:  # nested public subsets: each relation kept by its own hash (data-size curves)
@@ -318,7 +324,7 @@ def prepare(
     test_set = eval_queries(test_edges, test_n, test_inputs, generator=public_generator(seed, "eval"), **queries)
     val_set = None
     if val is not None:
-        val_n = count_nodes(val, "val_source")
+        val_n = count_nodes(val, "val_source", stated=inputs == "ids")
         val_inputs = node_inputs(val, val_n, tok, max_length, "val_source", inputs)
         val_edges = _eval_relations(val, val_n, "val_source", "validation")
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)

@@ -49,6 +49,11 @@ class SkipGramDataModule(RelationalDataModule):
     node_inputs = "ids"
 
     def __init__(self, source: GraphSource | Data | PyGDataset | None = None, *, eval_candidates: int | None = 1, **kwargs: Any) -> None:
+        if kwargs.get("transform") is not None:
+            raise ValueError(
+                f"{type(self).__name__} takes no `transform`: the inputs are node ids, and a transform that rewrites the "
+                "edges (two-hop, largest component, …) would let one relation or node change many tuples."
+            )
         super().__init__(source, eval_candidates=eval_candidates, **kwargs)
 
     @property
@@ -86,6 +91,12 @@ class EdgeSkipGramDataModule(SkipGramDataModule):
                 )
         super().__init__(source, max_degree=NO_DEGREE_CAP, capping="assert", **kwargs)
 
+    def setup(self, stage: str | None = None) -> None:
+        """As :meth:`SkipGramDataModule.setup`, refusing a cap set after construction (a subclass or attribute)."""
+        if self.max_degree < NO_DEGREE_CAP:
+            raise ValueError(f"EdgeSkipGramDataModule caps no degree, but max_degree = {self.max_degree}; leave it unset.")
+        super().setup(stage)
+
 
 class PaperStream(CoupledStream):
     """Algorithm 3's batches: B training edges without replacement, random orientation, B·k uniform negatives on V
@@ -111,7 +122,8 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
     Args:
         batch_size, neg_per_pos, steps_per_epoch: B, k and n_D.
         inject_non_edges: the authors' code also adds its training non-edges to the training graph as edges: as many
-            PUBLIC random non-edges (seeded by ``seed``; never an edge of the training or test graph) as training edges.
+            random non-edges (seeded by ``seed``; drawn outside the training and test edges, so they read E) as
+            training edges.
     """
 
     privacy_unit = NODE_REPLACE.name
@@ -121,7 +133,9 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
         kwargs.setdefault("max_degree", NO_DEGREE_CAP)  # no cap: the paper bounds no degree
         kwargs.setdefault("max_overflow_probability", 1.0 - 1e-12)  # negatives with replacement: no |E+|·k ≤ n bound
         super().__init__(source, expected_batch_size=float(batch_size), neg_per_pos=neg_per_pos, steps_per_epoch=steps_per_epoch, **kwargs)
-        self.batch_size, self.inject_non_edges = int(batch_size), bool(inject_non_edges)
+        if not isinstance(inject_non_edges, bool):
+            raise TypeError(f"`inject_non_edges` must be a bool, got {type(inject_non_edges).__name__}.")
+        self.batch_size, self.inject_non_edges = int(batch_size), inject_non_edges
 
     def setup(self, stage: str | None = None) -> None:
         fresh = self.stream is None

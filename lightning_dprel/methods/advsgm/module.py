@@ -31,6 +31,8 @@ from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch, tuple_inputs
+from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
+from lightning_dprel.datamodules.edge_tuples.rows import slice_rows
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
 from lightning_dprel.grad_sample.dispatch import GradSampler
@@ -167,6 +169,13 @@ class DPSkipGramModule(PrivateModule):
             raise ValueError(
                 f"The datamodule has {dm.num_nodes} node ids but the tables have {self.encoder.node_vectors.num_embeddings} rows."
             )
+        spec = getattr(dm, "sampling_spec", None) if dm is not None and stage == "fit" else None
+        if self.noise_spec.mechanism == "skipgram_edge" and spec is not None and spec.max_degree < NO_DEGREE_CAP:
+            raise ValueError(
+                f"accounting='skipgram_edge' (one relation, Δ = C) holds only for uncapped data, but the datamodule caps "
+                f"degrees at K = {spec.max_degree}: a cap that keeps edges by their neighbours lets one relation change "
+                "others. Use EdgeSkipGramDataModule."
+            )
         if self.hparams.get("edge_labelled_negatives") and stage == "fit":
             if getattr(dm, "train_edges", None) is None:
                 raise ValueError("`edge_labelled_negatives` needs a datamodule with `train_edges` (AdvSGMPaperDataModule).")
@@ -179,6 +188,14 @@ class DPSkipGramModule(PrivateModule):
     def per_tuple(self, batch: TupleBatch, head: Any, args: tuple[Tensor, ...]) -> PerTupleResult:
         """Per-tuple norms and clipped sums of ``head`` over the batch: ghost clipping on the two tables (exact), or vmap."""
         return self.grad_sampler.tuples(self.encoder, tuple_inputs(batch), head, args)
+
+    def _tuple_normal(self, batch: TupleBatch, what: str, std: float = 1.0) -> Tensor:
+        """``[B, 2, r]`` keyed normals, one block per tuple of the *global* batch, this rank's rows: each tuple's draw is
+        its own (i.i.d. across tuples and ranks), so removing a tuple leaves the others' distribution unchanged."""
+        r, total = self.encoder.dim, int(batch.global_size)
+        trainer = self._trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return self._keyed_normal(batch, what, (total, 2, r), std)[slice_rows(total, rank, world)]
 
     def _keyed_normal(self, batch: TupleBatch, what: str, shape: tuple[int, ...], std: float = 1.0) -> Tensor:
         """Randomness of the adversary (not the privacy noise): a child of the keyed noise stream per step."""
@@ -196,9 +213,8 @@ class DPSkipGramModule(PrivateModule):
         hp, anchor = self.hparams, batch.neg_anchor.long()
         args: tuple[Tensor, ...] = (anchor,)
         if hp.adversarial > 0:
-            r = self.encoder.dim
             ids = batch.pos.long().to(self.device)
-            args = (anchor, self.generator.fakes(ids, self._keyed_normal(batch, "fakes", (batch.size, 2, r))))
+            args = (anchor, self.generator.fakes(ids, self._tuple_normal(batch, "fakes")))
         result = self.per_tuple(batch, partial(_provable_head, adversarial=float(hp.adversarial)), args)
         self.private_step(result.grads, max_freq=batch.max_freq, batch=batch)
         if hp.adversarial > 0:
@@ -215,10 +231,10 @@ class DPSkipGramModule(PrivateModule):
 
     def _paper_step(self, batch: TupleBatch) -> None:
         """Algorithm 3 (the code): a positive update with ξ inside S (Eq. 24), then a negative update; no clipping."""
-        hp, r, anchor = self.hparams, self.encoder.dim, batch.neg_anchor.long()
+        hp, anchor = self.hparams, batch.neg_anchor.long()
         ids = batch.pos.long().to(self.device)
         fakes = self.generator.fakes(ids, normalised=True)  # [B, 2, r]: (v'_i, v'_j)
-        xi = self._keyed_normal(batch, "xi", (batch.size, 2, r), std=float(hp.clip_norm) * float(hp.paper_sigma))
+        xi = self._tuple_normal(batch, "xi", std=float(hp.clip_norm) * float(hp.paper_sigma))
         negative = (anchor,) if self._edge_keys is None else (anchor, self._negative_labels(batch))
         for head, args in ((_paper_positive_head, (anchor, fakes, xi)), (_paper_negative_head, negative)):
             result = self.per_tuple(batch, head, args)
