@@ -25,7 +25,7 @@ from lightning_dprel.core.specs import privacy_unit as as_unit  # `privacy_unit`
 
 __all__ = [
     "Mechanism", "RdpFunction", "register_mechanism", "get_mechanism", "registered_mechanisms",
-    "check_module_mechanism", "check_unit", "check_accounting_choice", "check_step_count", "check_noise_multiplier",
+    "check_module_mechanism", "check_unit", "check_fit_sampling", "check_accounting_choice", "check_step_count", "check_noise_multiplier",
     "check_sampling", "per_step_rdp", "step_pld", "SIGMA_FLOOR",
 ]
 
@@ -55,6 +55,8 @@ class Mechanism:
         needs_sampling: False for a release that is not a sampled step (a noised statistic).
         pld: (SamplingSpec or None, σ, interval) → the privacy-loss distribution of one step, a dominating pair proven
             in ``docs/accounting.md`` (:mod:`lightning_dprel.accounting.pld`); None: only the RDP bound exists.
+        check_sampling: a fit's SamplingSpec → None, raising ``ValueError`` where the data break the bound's premise
+            (e.g. a degree cap under an edge-level bound); run with the unit check when a fit starts.
     """
 
     name: str
@@ -69,6 +71,7 @@ class Mechanism:
     stands_in_for: tuple[str, ...] = ()
     needs_sampling: bool = True
     pld: "Callable[..., Any] | None" = None
+    check_sampling: "Callable[[SamplingSpec], None] | None" = None
 
     @property
     def privacy_unit(self) -> str:
@@ -85,6 +88,7 @@ def register_mechanism(
     coupled: bool = False, overwrite: bool = False, label: str | None = None,
     clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
     stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True, pld: "Callable[..., Any] | None" = None,
+    check_sampling: "Callable[[SamplingSpec], None] | None" = None,
 ) -> Mechanism:
     """Add a mechanism to the registry (and clear the per-step cache).
 
@@ -93,6 +97,7 @@ def register_mechanism(
     callback and ledger charge it. ``privacy_unit`` (a :class:`~lightning_dprel.core.specs.PrivacyUnit` or a known unit's
     name) is the unit the bound is proven for: runs whose datamodule samples for another unit are refused. ``pld``
     gives the tight accountant the mechanism's dominating pair; give it only with a proof that the pair dominates.
+    ``check_sampling`` refuses a fit's data that break the bound's premise (beyond the unit's name).
     """
     if not isinstance(name, str) or not name or name == "none":
         raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
@@ -109,7 +114,7 @@ def register_mechanism(
     unit = None if privacy_unit is None else as_unit(privacy_unit)
     mech = Mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
-        bool(needs_sampling), pld,
+        bool(needs_sampling), pld, check_sampling,
     )
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()
@@ -147,6 +152,14 @@ def check_module_mechanism(name: str, clipping: str) -> Mechanism:
             f"Mechanism {name!r} does not bound clipping={clipping!r} (it covers {list(mech.clipping)}); the "
             f"mechanisms that do: {covering}. Register one with register_mechanism(..., clipping=({clipping!r},))."
         )
+    return mech
+
+
+def check_fit_sampling(name: str, sampling: SamplingSpec) -> Mechanism:
+    """The mechanism ``name`` if it is proven for the fit's unit and its data meet the bound's premise."""
+    mech = check_unit(name, sampling.privacy_unit)
+    if mech.check_sampling is not None:
+        mech.check_sampling(sampling)
     return mech
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
-from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_module_mechanism, check_unit
+from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_fit_sampling, check_module_mechanism
 from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
@@ -179,7 +179,7 @@ def resolve_mechanism(noise: NoiseSpec, sampling: SamplingSpec, mechanism_arg: O
     check_module_mechanism(noise.mechanism, noise.clipping)
     mechanism = mechanism_arg or noise.mechanism
     for name in {noise.mechanism, mechanism}:  # the module's and a stand-in's bound must both be for this unit
-        check_unit(name, sampling.privacy_unit)
+        check_fit_sampling(name, sampling)
     check_accounting_choice(noise.mechanism, mechanism)
     if current is not None and current != mechanism:
         raise ValueError(

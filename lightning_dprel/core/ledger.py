@@ -23,7 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from lightning_dprel.accounting import Accountant
-from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_module_mechanism, check_unit, get_mechanism
+from lightning_dprel.accounting.mechanisms import (
+    check_accounting_choice, check_fit_sampling, check_module_mechanism, check_unit, get_mechanism,
+)
 from lightning_dprel.core.events import GaussianRelease, SampledGaussianStep, StepRecord
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -89,7 +91,7 @@ class PrivacyLedger:
         if mechanism != "none":
             check_module_mechanism(mechanism, clipping)
             if self.sampling is not None:
-                check_unit(mechanism, self.sampling.privacy_unit)
+                check_fit_sampling(mechanism, self.sampling)
         spent = self.private_mechanism
         if spent is not None and mechanism not in ("none", spent):
             raise ValueError(

@@ -185,10 +185,23 @@ register_mechanism(
     pld=public_items_pld,
     description="skip-gram with negatives from public node ids: Theorem C.1's mixture with Δ=C·i (no negative-slot term)",
 )
+def _uncapped(sampling: SamplingSpec) -> None:
+    """``skipgram_edge``'s premise: nothing capped (a cap that keeps edges by their neighbours lets one relation change
+    others), whatever unit the datamodule declares."""
+    from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
+
+    if sampling.max_degree < NO_DEGREE_CAP:
+        raise ValueError(
+            f"accounting='skipgram_edge' (one relation, Δ = C) holds only for uncapped data, but the datamodule caps "
+            f"degrees at K = {sampling.max_degree}: a cap that keeps edges by their neighbours lets one relation change "
+            "others. Use EdgeSkipGramDataModule."
+        )
+
+
 register_mechanism(
     "skipgram_edge", per_example_poisson_gaussian, coupled=False, privacy_unit=EDGE,
     label="skip-gram, edge level (Poisson Gaussian)", clipping=("standard",), accounting="skipgram_edge",
-    pld=per_example_poisson_gaussian_pld,
+    pld=per_example_poisson_gaussian_pld, check_sampling=_uncapped,
     description="skip-gram, one relation per tuple, Poisson at γ = b/m, Δ = C: the per-example Poisson sampled Gaussian",
 )
 register_mechanism(

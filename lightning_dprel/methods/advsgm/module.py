@@ -31,13 +31,13 @@ from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch, TupleBatch, tuple_inputs
-from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
 from lightning_dprel.datamodules.edge_tuples.rows import slice_rows
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
 from lightning_dprel.grad_sample.dispatch import GradSampler
 from lightning_dprel.methods.advsgm.adversarial import FakeNeighbours
 from lightning_dprel.methods.advsgm.encoder import NodeIdEmbedding
+from lightning_dprel.methods.advsgm.evaluation import _pair_keys  # the sorted keys min·n + max of a graph's pairs
 from lightning_dprel.methods.advsgm.losses import adversarial_loss, sgns_loss
 
 __all__ = ["DPSkipGramModule", "MODES"]
@@ -169,17 +169,10 @@ class DPSkipGramModule(PrivateModule):
             raise ValueError(
                 f"The datamodule has {dm.num_nodes} node ids but the tables have {self.encoder.node_vectors.num_embeddings} rows."
             )
-        spec = getattr(dm, "sampling_spec", None) if dm is not None and stage == "fit" else None
-        if self.noise_spec.mechanism == "skipgram_edge" and spec is not None and spec.max_degree < NO_DEGREE_CAP:
-            raise ValueError(
-                f"accounting='skipgram_edge' (one relation, Δ = C) holds only for uncapped data, but the datamodule caps "
-                f"degrees at K = {spec.max_degree}: a cap that keeps edges by their neighbours lets one relation change "
-                "others. Use EdgeSkipGramDataModule."
-            )
         if self.hparams.get("edge_labelled_negatives") and stage == "fit":
             if getattr(dm, "train_edges", None) is None:
                 raise ValueError("`edge_labelled_negatives` needs a datamodule with `train_edges` (AdvSGMPaperDataModule).")
-            self._edge_keys = torch.unique(self._pair_key(dm.train_edges[0], dm.train_edges[1]))
+            self._edge_keys = _pair_keys(dm.train_edges.long().cpu(), self.encoder.node_vectors.num_embeddings)
 
     def configure_optimizers(self):
         return self.build_dp_optimizer(trainable_parameters(self.encoder))
