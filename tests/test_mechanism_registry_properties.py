@@ -7,6 +7,7 @@ import pytest
 from lightning_dprel.accounting import Accountant, get_mechanism, registered_mechanisms
 from lightning_dprel.accounting.mechanisms import check_unit
 from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
 from lightning_dprel.core.specs import PRIVACY_UNITS, SamplingSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -16,8 +17,9 @@ def _spec(unit: str) -> SamplingSpec:
     if unit == "entity":
         return SamplingSpec(num_nodes=5000, num_edges=10000, max_degree=3, sampling_rate=0.01, neg_per_pos=1,
                             expected_batch_size=100.0, steps_per_epoch=100)
-    return SamplingSpec(num_nodes=50, num_edges=50, max_degree=1, sampling_rate=0.2, neg_per_pos=0,
-                        expected_batch_size=10.0, steps_per_epoch=5, privacy_unit=unit, num_units=400)
+    uncapped = unit == "edge"  # edge-level data cap no degree (skipgram_edge's premise, checked with the unit)
+    return SamplingSpec(num_nodes=50, num_edges=50, max_degree=NO_DEGREE_CAP if uncapped else 1, sampling_rate=0.2,
+                        neg_per_pos=0, expected_batch_size=10.0, steps_per_epoch=5, privacy_unit=unit, num_units=400)
 
 
 def _eps(name: str, unit: str, sigma: float, steps: int, accountant: str = "pld") -> float:
