@@ -34,18 +34,25 @@ def step_loss(output: Any) -> Tensor:
     return loss.reshape(())
 
 
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """``log`` / ``log_dict`` of an example run alone."""
+
+
 @contextlib.contextmanager
 def quiet_logging(module: nn.Module) -> Iterator[None]:
-    """``module.log`` / ``log_dict`` do nothing in the body (an example run alone must not log)."""
-    if "log" in module.__dict__:  # already silenced by an outer block
+    """``module.log`` / ``log_dict`` do nothing in the body (an example run alone must not log); what the module's
+    ``__dict__`` held for them before (a guard of the privacy callback) is put back."""
+    if module.__dict__.get("log") is _silent:  # already silenced by an outer block
         yield
         return
-    module.__dict__["log"] = module.__dict__["log_dict"] = lambda *a, **k: None
+    saved = {k: module.__dict__[k] for k in ("log", "log_dict") if k in module.__dict__}
+    module.__dict__["log"] = module.__dict__["log_dict"] = _silent
     try:
         yield
     finally:
-        module.__dict__.pop("log", None)
-        module.__dict__.pop("log_dict", None)
+        for k in ("log", "log_dict"):
+            module.__dict__.pop(k, None)
+        module.__dict__.update(saved)
 
 
 class _Step(nn.Module):
@@ -80,12 +87,30 @@ def user_step_grads(module: nn.Module, step: Any, view: ExampleView, batch: Any,
             return per_example_loop(params, (step_loss(step(ex, batch_idx)) for ex in view.examples(batch)))
         wrapper = _Step(module, step)
         detached = {f"m.{n}": p.detach() for n, p in params.items()}
+        slots = _slots(wrapper, detached)
 
         def loss_of(p: dict[str, Tensor], example: Any) -> Tensor:
-            return functional_call(wrapper, p, (view.one(example), batch_idx), strict=False)
+            return functional_call(wrapper, {s: p[n] for s, n in slots.items()}, (view.one(example), batch_idx),
+                                   strict=False, tie_weights=False)
 
         stacked = view.stacked(batch)
         in_dims = (None, tree_map(lambda t: 0, stacked))
         grads, losses = vmap(grad_and_value(loss_of), in_dims=in_dims, randomness="different",
                              chunk_size=chunk_size)(detached, stacked)
     return PerTupleResult(MaterializedGrads({n: grads[f"m.{n}"] for n in params}), losses.detach())
+
+
+def _slots(wrapper: nn.Module, names: Mapping[str, Tensor]) -> dict[str, str]:
+    """Every name these parameters are reached under (tied ones too), one per module → the name given (as
+    ``named_parameters`` names it). ``functional_call`` would swap a module reached under two names twice and restore
+    the traced tensor (torch 2.x)."""
+    first: dict[int, str] = {}
+    out = {}
+    for prefix, m in wrapper.named_modules():  # each module once
+        for k, p in m._parameters.items():
+            if p is not None:
+                name = f"{prefix}.{k}" if prefix else k
+                given = first.setdefault(id(p), name)
+                if given in names:
+                    out[name] = given
+    return out
