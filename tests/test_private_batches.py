@@ -8,10 +8,10 @@ from itertools import islice
 
 import pytest
 import torch
-from torch_geometric.data import Data
 
 from lightning_dprel.core.batch import ExampleBatch, PrivateBatch
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
+from lightning_dprel.datamodules.edge_tuples.link_batches import LinkBatch
 from test_unit_declared_once import FACTORIES
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many workers).*")
@@ -19,8 +19,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many
 FAMILY = {"RelationalDataModule": TupleBatch, "SkipGramDataModule": TupleBatch, "PrivateIdsSkipGramDataModule": TupleBatch,
           "EdgeSkipGramDataModule": TupleBatch,
           "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch,
-          "LinkPredictionDataModule": Data, "EntityItemDataModule": dict}
-#: Batches in PyG's shape for a user's own module: a ``Data`` that carries b and the sample token as attributes.
+          "LinkPredictionDataModule": LinkBatch, "EntityItemDataModule": dict}
+#: Batches in PyG's shape for a user's own module: a ``Data`` (LinkBatch: no ``edge_index``) that carries b and the
+#: sample token as attributes.
 PYG_SHAPED = {"LinkPredictionDataModule"}
 #: Rows for a user's own module (a dict of tensors, as DPDataLoader's): the attached layer takes b from the SamplingSpec
 #: and the sample token from the loop, so the batch carries neither; the datamodule's step counts the samples drawn.

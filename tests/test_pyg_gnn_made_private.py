@@ -1,19 +1,29 @@
 """Recipe 3: node-level DP for an existing PyG GNN (issue 33) — your own LightningModule on DP-GCN's subgraphs.
 
 The project below (``NodeClassifier``: a torch_geometric GCN, masked cross-entropy on ``batch.train_mask``,
-``self.log``, Adam; ``FullGraphDataModule``: the whole graph as one ``Data``) is made private by 9 changed lines;
-``training_step`` and the GNN stay as they are (``fit_existing`` → ``fit_private`` below; a larger learning rate
-for the fewer, noisier steps)::
+``self.log``, Adam; ``FullGraphDataModule``: the whole graph as one ``Data``; the graph is the user's own ``Data`` of
+x, y, edge_index and train/val/test masks, with no ``node_id`` and no ``num_classes``: ``_own_graph``) is made private
+by 12 changed lines; ``training_step`` and the GNN stay as they are (``fit_existing`` → ``fit_private`` below; a
+larger learning rate for the fewer, noisier steps)::
 
     +from lightning_dprel import NodeSplitDataModule, PrivacyCallback
     +from lightning_dprel.datamodules.datasets import InMemoryNodes
-    -    model = NodeClassifier(data.num_features, int(data.num_classes))
+    +NUM_CLASSES = 4  # public: the size of your label set, never y.max() + 1 (that reads the private labels)
+     ...
+    -    model = NodeClassifier(data.num_features, int(data.y.max()) + 1)
     -    dm = FullGraphDataModule(data)
     -    trainer = pl.Trainer(max_epochs=100, **QUIET)
-    +    model = NodeClassifier(data.num_features, int(data.num_classes), lr=0.05)
-    +    dm = NodeSplitDataModule(InMemoryNodes(data), num_splits=200, sampling_rate=0.125, as_pyg_batches=True)
+    +    data.node_id = torch.arange(data.num_nodes)  # stable public ids: your database keys (here rows never move)
+    +    model = NodeClassifier(data.num_features, NUM_CLASSES, lr=0.05)
+    +    dm = NodeSplitDataModule(InMemoryNodes(data, num_classes=NUM_CLASSES), num_splits=200, sampling_rate=0.125,
+    +                             as_pyg_batches=True)
     +    cb = PrivacyCallback(target_epsilon=8.0, delta=1e-5, clip_norm=1.0, calibrate=True)
     +    trainer = pl.Trainer(max_epochs=5, callbacks=[cb], **QUIET)
+
+The class count C and ``data.node_id`` are the two facts a user's own ``Data`` lacks: C is public (read from the
+labels it changes when the one node holding the largest label is removed, tests/test_class_count_is_public.py), and
+the keyed split hashes stable ids (row numbers move when a node is removed). Without either, setup refuses with the
+fix named (``test_a_users_own_data_without_num_classes_or_node_id_is_refused_with_both_fixes_named``).
 
 Random graph splits (Igamberdiev & Habernal 2022, Sec. 4) under a keyed partition: removing a node changes one
 subgraph example, so each step's clipped sum moves by at most 2C (replace-one), charged by ``subgraph_replace``.
@@ -116,7 +126,7 @@ class FullGraphDataModule(pl.LightningDataModule):
 
 def fit_existing(data: Data, *, seed: int):
     torch.manual_seed(seed)
-    model = NodeClassifier(data.num_features, int(data.num_classes))
+    model = NodeClassifier(data.num_features, int(data.y.max()) + 1)  # as PyG's dataset.num_classes computes it
     dm = FullGraphDataModule(data)
     trainer = pl.Trainer(max_epochs=100, **QUIET)
     trainer.fit(model, datamodule=dm)
@@ -124,10 +134,15 @@ def fit_existing(data: Data, *, seed: int):
 
 
 # --- the same project, private (the diff above) -----------------------------------------------------------------------
+NUM_CLASSES = 4  # public: the size of your label set, never y.max() + 1 (that reads the private labels)
+
+
 def fit_private(data: Data, *, seed: int):
     torch.manual_seed(seed)
-    model = NodeClassifier(data.num_features, int(data.num_classes), lr=0.05)
-    dm = NodeSplitDataModule(InMemoryNodes(data), num_splits=200, sampling_rate=0.125, as_pyg_batches=True)
+    data.node_id = torch.arange(data.num_nodes)  # stable public ids: your database keys (here rows never move)
+    model = NodeClassifier(data.num_features, NUM_CLASSES, lr=0.05)
+    dm = NodeSplitDataModule(InMemoryNodes(data, num_classes=NUM_CLASSES), num_splits=200, sampling_rate=0.125,
+                             as_pyg_batches=True)
     cb = PrivacyCallback(target_epsilon=8.0, delta=1e-5, clip_norm=1.0, calibrate=True)
     trainer = pl.Trainer(max_epochs=5, callbacks=[cb], **QUIET)
     trainer.fit(model, datamodule=dm)
@@ -136,6 +151,12 @@ def fit_private(data: Data, *, seed: int):
 
 def _graph(seed: int = 0, n: int = 600) -> Data:
     return SyntheticNodes(n, 4, dim=16, seed=seed).load()
+
+
+def _own_graph(seed: int = 0, n: int = 600) -> Data:
+    """A user's own graph: plain x, y, edge_index and train/val/test masks; no ``node_id``, no ``num_classes``."""
+    g = _graph(seed, n)
+    return Data(x=g.x, y=g.y, edge_index=g.edge_index, train_mask=g.train_mask, val_mask=g.val_mask, test_mask=g.test_mask)
 
 
 def _test_accuracy(model: NodeClassifier, data: Data) -> float:
@@ -153,9 +174,10 @@ def runs():
     """Per seed: the graph, the untrained model's test accuracy, the private fit and the existing (non-private) model."""
     out = []
     for seed in range(3):
-        data = _graph(seed)
+        data = _own_graph(seed)
+        assert "node_id" not in data and "num_classes" not in data  # what fit_private's diff adds
         torch.manual_seed(seed)
-        untrained = _test_accuracy(NodeClassifier(data.num_features, int(data.num_classes)), data)
+        untrained = _test_accuracy(NodeClassifier(data.num_features, NUM_CLASSES), data)
         out.append((data, untrained, fit_private(data, seed=seed), fit_existing(data, seed=seed)[0]))
     return out
 
@@ -250,6 +272,29 @@ def test_gnn_under_the_example_unit_is_refused_naming_the_dp_gcn_route():
         trainer.fit(model, loader)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # refused before step 1
     assert "training_step" not in model.__dict__  # the module got its own step back
+
+
+# --- a user's own Data: the two public facts the diff adds ------------------------------------------------------------
+def test_a_users_own_data_without_num_classes_or_node_id_is_refused_with_both_fixes_named():
+    data = _own_graph(0, n=200)
+
+    def setup(source):
+        NodeSplitDataModule(source, num_splits=8, sampling_rate=0.5, as_pyg_batches=True).setup("fit")
+
+    with pytest.raises(ValueError, match=r"no class count\. Pass InMemoryNodes\(data, num_classes=C\).*not read from `y`"
+                                         r".*no `node_id` either.*`data\.node_id`, stable, unique int64 ids"):
+        setup(InMemoryNodes(data))
+    with pytest.raises(ValueError, match=r"no `node_id`.*Set `data\.node_id` to stable, unique int64 ids"):
+        setup(InMemoryNodes(data, num_classes=NUM_CLASSES))
+    assert "node_id" not in data and "num_classes" not in data  # refusals leave the caller's graph as it was
+    data.node_id = torch.arange(data.num_nodes)  # the diff's two lines: then it sets up
+    dm = NodeSplitDataModule(InMemoryNodes(data, num_classes=NUM_CLASSES), num_splits=8, sampling_rate=0.5,
+                             as_pyg_batches=True)
+    dm.setup("fit")
+    assert dm.num_classes == NUM_CLASSES and torch.equal(dm.data.node_id, torch.arange(200))
+    with pytest.raises(ValueError, match="no class count") as only_c:  # ids but no count: only C is named
+        setup(InMemoryNodes(data))
+    assert "node_id" not in str(only_c.value)
 
 
 # --- the datamodule's PyG batches -------------------------------------------------------------------------------------

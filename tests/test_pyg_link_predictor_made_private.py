@@ -15,12 +15,19 @@ private by 7 changed lines; ``training_step`` and the model stay as they are (``
 
 Coupled sampling (Huang et al., Algorithms 2-3) with standard per-tuple clipping: removing an entity in i positive and
 j negative slots moves the step's clipped sum by at most C(i + 2j), charged by Theorem C.1 (mechanism ``standard``).
+The library's sampler draws the k negatives per positive (``neg_per_pos``): they are part of the private mechanism and
+already in ``edge_label_index``. A step written as PyG's link_pred example (negatives drawn with ``negative_sampling``
+from ``batch.edge_index``) is refused before any release with the batch's fields named (``PyGExampleStep`` below), and
+so is one that draws its own negatives from ``edge_label_index``. The degree cap K = 5 (``max_degree``, the default)
+drops 275 of seed 0's 1,877 training relations (15 %): ``dm.capping_report``, logged at setup.
 """
 
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -29,24 +36,29 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
-from torch_geometric.data import Data
+from torch_geometric.data import Batch, Data
+from torch_geometric.utils import negative_sampling
 
 from lightning_dprel.accounting import Accountant
+from lightning_dprel.accounting.calibration import noise_multiplier_for
 from lightning_dprel.callbacks import PrivacyCallback
-from lightning_dprel.callbacks import privacy as privacy_callback
+from lightning_dprel.callbacks import attach as privacy_callback
 from lightning_dprel.core.example_views import LinkTuples
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.datamodules import LinkPredictionDataModule
 from lightning_dprel.datamodules.datasets import SyntheticNodes
 from lightning_dprel.datamodules.datasets.generators import random_text_graph
-from lightning_dprel.datamodules.edge_tuples.link_batches import link_batch
-from lightning_dprel.demos.boring_classes import quiet_trainer
+from lightning_dprel.datamodules.edge_tuples.link_batches import LinkBatch, link_batch
+from lightning_dprel.demos.boring_classes import quiet_trainer, rank_zero_messages
 from lightning_dprel.demos.tuple_batches import build_tuple_batch, entity_removal_pair
-from lightning_dprel.grad_sample.user_step import quiet_logging
+from lightning_dprel.grad_sample.user_step import quiet_logging, user_step_grads
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
              accelerator="cpu", devices=1)
 SEEDS = (0, 1, 2)
+#: The refusal of a step that reads ``batch.edge_index``: the batch's fields, and what to score instead.
+FIELDS_NAMED = (r"no `edge_index`\. Its fields are `x`, `n_id`, `edge_label_index` and `edge_label`.*"
+                r"Score `edge_label_index` against `edge_label` instead")
 
 
 # --- the existing project, written without lightning_dprel ----------------------------------------------------------
@@ -91,7 +103,8 @@ class _EdgeBatches(IterableDataset):
         for pos in edges.split(self.batch_size, dim=1):
             neg = torch.stack([pos[0], torch.randint(0, self.graph.num_nodes, (pos.shape[1],), generator=self.gen)])
             label = torch.cat([torch.ones(pos.shape[1]), torch.zeros(pos.shape[1])])
-            yield Data(x=self.graph.x, edge_label_index=torch.cat([pos, neg], dim=1), edge_label=label)
+            yield Data(x=self.graph.x, edge_index=self.graph.edge_index, edge_label_index=torch.cat([pos, neg], dim=1),
+                       edge_label=label)  # the training graph beside the labelled pairs, as PyG's RandomLinkSplit gives
 
 
 class LinkDataModule(pl.LightningDataModule):
@@ -120,6 +133,30 @@ def project(train_graph: Data, val_graph: Data, *, seed: int, epochs: int = 5, p
         trainer = pl.Trainer(max_epochs=epochs, **QUIET)
     trainer.fit(model, datamodule=dm)
     return model, untrained, trainer, dm
+
+
+class PyGExampleStep(LinkPredictor):
+    """The same project with PyG's examples/link_pred.py training step: every step draws fresh negatives with
+    ``negative_sampling`` over the training graph's ``edge_index`` and scores them beside ``edge_label_index``."""
+
+    def training_step(self, batch, batch_idx):
+        neg_edge_index = negative_sampling(edge_index=batch.edge_index, num_nodes=batch.num_nodes,
+                                           num_neg_samples=batch.edge_label_index.size(1), method="sparse")
+        edge_label_index = torch.cat([batch.edge_label_index, neg_edge_index], dim=-1)
+        edge_label = torch.cat([batch.edge_label, batch.edge_label.new_zeros(neg_edge_index.size(1))], dim=0)
+        loss = F.binary_cross_entropy_with_logits(self(batch.x, edge_label_index), edge_label)
+        self.log("train_loss", loss, batch_size=edge_label.numel())
+        return loss
+
+
+class OwnNegativesStep(LinkPredictor):
+    """Negatives drawn in the step from the labelled pairs themselves (``negative_sampling(batch.edge_label_index)``)."""
+
+    def training_step(self, batch, batch_idx):
+        neg_edge_index = negative_sampling(batch.edge_label_index, num_nodes=batch.num_nodes)
+        edge_label_index = torch.cat([batch.edge_label_index, neg_edge_index], dim=-1)
+        edge_label = torch.cat([batch.edge_label, batch.edge_label.new_zeros(neg_edge_index.size(1))], dim=0)
+        return F.binary_cross_entropy_with_logits(self(batch.x, edge_label_index), edge_label)
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -233,6 +270,81 @@ def test_node_texts_are_refused_with_the_fix_named():
         LinkPredictionDataModule(random_text_graph(), expected_batch_size=4, neg_per_pos=1).setup("fit")
 
 
+def test_the_batches_have_no_edge_index_and_reading_it_names_the_fields_to_score():
+    """The full batch, each tuple alone (the loop and the vmap path), their collation and pickled copies: no graph."""
+    dm = _tiny_dm(2, sampling_seed=5)
+    batch = next(b for b in dm.train_dataloader() if dm.example_view.size(b) >= 2)
+    tuples = list(dm.example_view.examples(batch))
+    collated = Batch.from_data_list(tuples)
+    evaluation = next(iter(dm.test_dataloader()))
+    for data in (batch, tuples[0], collated, collated.to_data_list()[0], pickle.loads(pickle.dumps(batch)), evaluation):
+        assert isinstance(data, LinkBatch) and "edge_index" not in data
+        with pytest.raises(ValueError, match=FIELDS_NAMED):
+            data.edge_index  # noqa: B018
+        with pytest.raises(ValueError, match=FIELDS_NAMED):
+            data["edge_index"]  # noqa: B018
+    assert torch.equal(collated.edge_label, batch.edge_label)  # PyG's collation is unchanged otherwise
+    model = PyGExampleStep(batch.x.shape[1])
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match=FIELDS_NAMED):  # inside torch.func.vmap, as the callback runs each tuple
+        user_step_grads(model, model.training_step, dm.example_view, batch, 0, params)
+    description = dm.example_view.describe()
+    assert all(f"`{field}`" in description for field in ("x", "n_id", "edge_label_index", "edge_label"))
+    assert "negative_sampling" in description and "score `edge_label_index` against `edge_label`" in description
+
+
+def test_pyg_example_step_that_samples_negatives_from_edge_index_is_refused_before_any_release():
+    """PyG's link_pred step trains in the existing project (its loader gives the training graph's edge_index) and is
+    refused under the made-private diff: the fields named, no raw PyG TypeError, no release, the module unchanged."""
+    train_graph, val_graph = _graphs(0)
+    torch.manual_seed(0)
+    existing = PyGExampleStep(train_graph.num_features)
+    pl.Trainer(max_epochs=1, limit_val_batches=0, **QUIET).fit(existing, datamodule=LinkDataModule(train_graph, val_graph))
+    torch.manual_seed(0)
+    model = PyGExampleStep(train_graph.num_features)
+    before = copy.deepcopy(model.state_dict())
+    dm = LinkPredictionDataModule(train_graph, val_source=val_graph, expected_batch_size=64, neg_per_pos=1)
+    cb = PrivacyCallback(target_epsilon=8.0, delta=1e-5, clip_norm=1.0, calibrate=True)
+    with pytest.raises(ValueError, match=FIELDS_NAMED) as refused:
+        pl.Trainer(max_epochs=1, callbacks=[cb], **QUIET).fit(model, datamodule=dm)
+    assert refused.value.__context__ is None and refused.value.__cause__ is None  # not chained to PyG's TypeError
+    assert cb.steps == 0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert "training_step" not in model.__dict__  # the module got its own step back
+
+
+def test_a_step_drawing_its_own_negatives_from_edge_label_index_is_refused_before_any_release():
+    """Its batch's loss is not the mean of its tuples' (each call draws other negatives): the reduction check refuses it
+    before step 1. The view's ``describe()`` says what a tuple is and what to score."""
+    train_graph, val_graph = _graphs(0)
+    model = OwnNegativesStep(train_graph.num_features)
+    dm = LinkPredictionDataModule(train_graph, val_source=val_graph, expected_batch_size=64, neg_per_pos=1)
+    cb = PrivacyCallback(target_epsilon=8.0, delta=1e-5, clip_norm=1.0, calibrate=True)
+    with pytest.raises(ValueError, match="neither the mean"):
+        pl.Trainer(max_epochs=1, callbacks=[cb], **QUIET).fit(model, datamodule=dm)
+    assert cb.steps == 0 and "training_step" not in model.__dict__
+
+
+def test_the_degree_cap_and_what_it_dropped_are_reported_as_the_recipe_states():
+    train_graph, val_graph = _graphs(0)
+    dm = LinkPredictionDataModule(train_graph, val_source=val_graph, expected_batch_size=64, neg_per_pos=1)
+    assert dm.capping_report is None
+    with rank_zero_messages() as messages:
+        dm.setup("fit")
+    report = dm.capping_report
+    assert (report.max_degree, report.total, report.kept) == (5, 1877, 1602)  # K = 5: the default max_degree
+    assert report.kept == dm.sampling_spec.num_edges and report.dropped == 275 and round(100 * report.dropped_share) == 15
+    assert str(report) in messages  # the setup log line, word for word
+    recipe = (Path(__file__).resolve().parents[1] / "docs" / "make_your_model_private.md").read_text()
+    assert "drops 275 of its 1,877 training relations (15 %)" in " ".join(recipe.split())
+    wide = LinkPredictionDataModule(train_graph, val_source=val_graph, expected_batch_size=64, neg_per_pos=1,
+                                    max_degree=10)
+    wide.setup("fit")
+    assert wide.capping_report.dropped == 0 and wide.sampling_spec.num_edges == 1877
+    sigma = {K: float(noise_multiplier_for(8.0, delta=1e-5, steps=5 * d.sampling_spec.steps_per_epoch,
+                                           sampling=d.sampling_spec, mechanism="standard")) for K, d in ((5, dm), (10, wide))}
+    assert f"σ grows from {sigma[5]:.2f} at K = 5 to {sigma[10]:.2f} at K = 10" in " ".join(recipe.split())
+
+
 # --- (a) it trains privately and reports the accountant's ε for what ran ------------------------------------------
 def test_the_private_project_trains_under_the_entity_unit_and_epsilon_is_theorem_c1s(runs):
     for run in runs:
@@ -245,6 +357,8 @@ def test_the_private_project_trains_under_the_entity_unit_and_epsilon_is_theorem
         acc.step(spec, segment.noise_multiplier, segment.steps)
         assert cb.delta == 1e-5 < 0.1 / spec.num_nodes  # well below 1/n: no entity can be released outright
         assert cb.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
+        assert segment.noise_multiplier == pytest.approx(float(noise_multiplier_for(  # the σ the recipe quotes for K = 5
+            8.0, delta=1e-5, steps=segment.steps, sampling=spec, mechanism="standard")), rel=1e-9)
         assert 7.0 < cb.epsilon <= 8.0  # calibrated to the budget
         assert "val_auroc" in trainer.callback_metrics  # the user's validation logs (public split); its training logs,
         assert "train_loss" not in trainer.callback_metrics  # computed on private batches without noise, are not kept

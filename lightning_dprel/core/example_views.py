@@ -53,6 +53,10 @@ class ExampleView:
         """One stacked example (leading dimension removed) as the batch of one the user's step takes."""
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """What one example is, in the user's terms, for an error the user's step raised on it ("": nothing to add)."""
+        return ""
+
     def examples(self, batch: Any) -> Iterator[Any]:
         """Each example as a batch of one (the loop path)."""
         stacked = self.stacked(batch)
@@ -90,14 +94,27 @@ class LinkTuples(ExampleView):
         keys = ("tuple_x", "tuple_n_id", "tuple_edge_label_index", "tuple_edge_label")
         return {k: batch[k] for k in keys if k in batch}
 
-    def one(self, example: Any) -> Any:
-        from torch_geometric.data import Data
+    def __init__(self, data_class: type | None = None) -> None:
+        self.data_class = data_class  # the Data type one tuple is handed as (None: PyG's Data)
 
-        out = Data(n_id=example["tuple_n_id"], edge_label_index=example["tuple_edge_label_index"],
-                   edge_label=example["tuple_edge_label"])
+    def one(self, example: Any) -> Any:
+        if self.data_class is None:
+            from torch_geometric.data import Data
+
+            self.data_class = Data
+        out = self.data_class(n_id=example["tuple_n_id"], edge_label_index=example["tuple_edge_label_index"],
+                              edge_label=example["tuple_edge_label"])
         if "tuple_x" in example:
             out.x = example["tuple_x"]
         return out
+
+    def describe(self) -> str:
+        return ("Each example is one coupled tuple, a Data with `x` and `n_id` (its 2 + k nodes), `edge_label_index` "
+                "[2, 1 + k] and `edge_label` [1 + k]: a positive relation (label 1) and the k negatives the library's "
+                "sampler drew for it (label 0), which are part of the private mechanism. A step that draws negatives "
+                "of its own (torch_geometric.utils.negative_sampling) or reads a graph (`edge_index`) gives the batch "
+                "and its tuples different losses and is outside the analysis: score `edge_label_index` against "
+                "`edge_label`.")
 
 
 class SubgraphGraphs(ExampleView):

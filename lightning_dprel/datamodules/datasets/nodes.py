@@ -184,10 +184,14 @@ class InMemoryNodes(NodeSource):
                              f"data.num_classes = {given}; give one class count.")
         count = self.num_classes if self.num_classes is not None else given
         if count is None:
+            also = ("" if getattr(self.data, "node_id", None) is not None else
+                    " The graph has no `node_id` either: NodeSplitDataModule's provable split also needs "
+                    "`data.node_id`, stable, unique int64 ids (e.g. database keys; torch.arange(num_nodes) only if the "
+                    "rows never move).")
             raise ValueError(
                 f"{self.name}: no class count. Pass InMemoryNodes(data, num_classes=C) (or set data.num_classes) with C "
                 "known without the labels (e.g. the size of your label set); it is not read from `y`, whose maximum "
-                "over private nodes changes when a node is removed.")
+                "over private nodes changes when a node is removed." + also)
         return count
 
     def load(self) -> Data:

@@ -63,30 +63,30 @@ class RelationalDataModule(PrivateDataModule):
     loader continues after the last batch handed out: an epoch is ``steps_per_epoch`` draws (default
     ceil(1/γ)), never a replay. The position (epoch, index) is in :meth:`state_dict`; :meth:`seek` is O(1).
 
-    Public vs secret randomness: ``seed`` drives only the public preprocessing (held-out split, capping,
-    evaluation queries). The batches come from a keyed CSPRNG (:class:`~lightning_dprel.core.randomness.KeyedStream`,
-    AES-256-CTR under SHAKE-256-derived keys); step t draws its positives and negatives from the children ``(t, "positives")`` and
-    ``(t, "negatives")``, so the negatives depend on the positives only through their count.
-    ``sampling_seed=None`` (the default) keys it from ``os.urandom`` (rank 0's key under
-    ``torch.distributed``); the key is never saved or logged, so a resumed private run draws fresh,
-    independent batches. An explicit ``sampling_seed`` is public: reproducible (a resumed run draws the
-    uninterrupted run's batches) but it voids the guarantee, and warns.
+    Public vs secret randomness: ``seed`` drives only the public preprocessing (held-out split, capping, evaluation
+    queries). The batches come from a keyed CSPRNG (:class:`~lightning_dprel.core.randomness.KeyedStream`,
+    AES-256-CTR under SHAKE-256-derived keys); step t draws its positives and negatives from the children ``(t,
+    "positives")`` and ``(t, "negatives")``, so the negatives depend on the positives only through their count.
+    ``sampling_seed=None`` (the default) keys it from ``os.urandom`` (rank 0's key under ``torch.distributed``); the
+    key is never saved or logged, so a resumed private run draws fresh, independent batches. An explicit
+    ``sampling_seed`` is public: reproducible (a resumed run draws the uninterrupted run's batches), voids the
+    guarantee, and warns.
 
-    DDP: every rank draws the same global batch; ``max_freq`` is computed on the global batch; rank r then
-    keeps a contiguous block of rows (:func:`slice_rows`). World size and rank come from the attached
-    trainer, else ``torch.distributed`` (else 1, 0). The loaders wrap ``IterableDataset``s, which Lightning 2.x never re-wraps with a
-    ``DistributedSampler``, so no ``use_distributed_sampler=False`` is needed.
+    DDP: every rank draws the same global batch; ``max_freq`` is computed on the global batch; rank r then keeps a
+    contiguous block of rows (:func:`slice_rows`). World size and rank come from the attached trainer, else
+    ``torch.distributed`` (else 1, 0). The loaders wrap ``IterableDataset``s, which Lightning 2.x never re-wraps
+    with a ``DistributedSampler``, so no ``use_distributed_sampler=False`` is needed.
 
-    Validation vs test: with a validation graph (``val_source``, or a GraphSource whose ``load()`` gives
-    ``val``) the validation loader ranks *its* relations and the test loader the test graph's; choose
-    checkpoints and hyper-parameters on validation only (:class:`callbacks.ValidationSelection`). Without
-    one, the validation loader yields the test queries (``has_validation_graph`` is False, and it warns).
+    Validation vs test: with a validation graph (``val_source``, or a GraphSource whose ``load()`` gives ``val``) the
+    validation loader ranks *its* relations and the test loader the test graph's; choose checkpoints and
+    hyper-parameters on validation only (:class:`callbacks.ValidationSelection`). Without one, the validation loader
+    yields the test queries (``has_validation_graph`` is False, and it warns).
 
-    Evaluation: for every relation (u, v) of the test graph (capped by ``max_eval_queries``, seeded), rank v
-    among all test-graph nodes (``eval_candidates=None``: ``RankingBatch.candidates`` is None and
-    ``meta["exclude_query"]`` is True: the module must not rank u itself) or among v plus N nodes sampled
-    without replacement from V minus {u, v} (fixed at setup). Rankings are raw (other true neighbours of u are
-    not filtered). In DDP each rank takes a contiguous block of queries, with as many batches on every rank.
+    Evaluation: for every relation (u, v) of the test graph (capped by ``max_eval_queries``, seeded), rank v among all
+    test-graph nodes (``eval_candidates=None``: ``RankingBatch.candidates`` is None and ``meta["exclude_query"]`` is
+    True: the module must not rank u itself) or among v plus N nodes sampled without replacement from V minus {u, v}
+    (fixed at setup). Rankings are raw (other true neighbours of u are not filtered). In DDP each rank takes a
+    contiguous block of queries, with as many batches on every rank.
 
     Attributes (after :meth:`setup`):
         sampling_spec: the :class:`~lightning_dprel.core.specs.SamplingSpec` for the accountant.
@@ -96,6 +96,8 @@ class RelationalDataModule(PrivateDataModule):
             global candidate ids (target first) or None.
         stream: the :class:`~lightning_dprel.datamodules.edge_tuples.coupled_stream.CoupledStream` of training batches.
         held_out_test: True: test relations held out of the training graph; False: a separate (zero-shot) test graph.
+        capping_report: what capping to K dropped (a ``CappingReport``: ``total``, ``kept`` = m, ``dropped``,
+            ``dropped_share``), as logged at setup; a larger K keeps more, at a higher σ for the same ε (Theorem C.1).
 
     Raises:
         ValueError: bad options here; bad graphs in :meth:`setup` (no edges, ids out of range, nodes without
@@ -232,16 +234,15 @@ class RelationalDataModule(PrivateDataModule):
         self._randomness = sampling_randomness(sampling_seed)  # keyed at the first draw; the key is never saved
         self._key_shared = sampling_seed is not None  # a seeded key is the same on every rank
         self._spec: SamplingSpec | None = None
+        self.capping_report = None  # set in setup(): what capping to K dropped
         self._val: EvalSet | None = None
         self._pending_state: dict[str, Any] | None = None
         self.stream: CoupledStream | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str | None = None) -> None:
-        """Load, clean, split, cap and tokenise once (idempotent; the same on every rank).
-
-        Under ``torch.distributed`` it also keys the secret stream with rank 0's key (every rank runs setup).
-        """
+        """Load, clean, split, cap and tokenise once (idempotent; the same on every rank); under ``torch.distributed``
+        it also keys the secret stream with rank 0's key (every rank runs setup)."""
         self._share_key()
         self.match_encoder(getattr(self.trainer.lightning_module, "encoder", None) if self.trainer is not None else None)
         if self._spec is not None:
@@ -258,7 +259,7 @@ class RelationalDataModule(PrivateDataModule):
             expected_batch_size=self.expected_batch_size, neg_per_pos=self.neg_per_pos, privacy_unit=self.privacy_unit,
             steps_per_epoch=self.steps_per_epoch, max_overflow_probability=self.max_overflow_probability,
         )
-        self.train_edges, self.train_inputs = g.train_edges, g.train_inputs
+        self.train_edges, self.train_inputs, self.capping_report = g.train_edges, g.train_inputs, g.capping
         self._test, self._val, self.held_out_test = g.test, g.val, g.held_out
         self.test_num_nodes, self.test_inputs = g.test.num_nodes, g.test.inputs
         self.eval_query, self.eval_target, self.eval_cands = g.test.query, g.test.target, g.test.cands
@@ -330,9 +331,8 @@ class RelationalDataModule(PrivateDataModule):
         """Step ``step``'s global batch: positives [B, 2], negatives [B, k], anchors [B, k] (Algorithms 2-3)."""
         return self._live_stream().draw_global(step)
 
-    def make_batch(
-        self, pos: Tensor, neg: Tensor, anchor: Tensor, *, step: int, rank: int = 0, world_size: int = 1
-    ) -> TupleBatch:
+    def make_batch(self, pos: Tensor, neg: Tensor, anchor: Tensor, *, step: int, rank: int = 0,
+                   world_size: int = 1) -> TupleBatch:
         """Rank ``rank``'s slice of a global batch, with max-freq counted on the whole global batch."""
         return self._live_stream().make_batch(pos, neg, anchor, step=step, rank=rank, world_size=world_size)
 
@@ -341,11 +341,9 @@ class RelationalDataModule(PrivateDataModule):
         self._live_stream().seek(epoch, index)
 
     def state_dict(self) -> dict[str, Any]:
-        """The stream's position after the last consumed batch: epoch, index and the KeyedStream's position.
-
-        Holds no key and no seed material beyond the public ``seed`` and an explicit (public) ``sampling_seed``:
-        a secret stream's key exists only in memory.
-        """
+        """The stream's position after the last consumed batch: epoch, index and the KeyedStream's position. Holds no
+        key and no seed material beyond the public ``seed`` and an explicit ``sampling_seed``: a secret key is only in
+        memory."""
         state: dict[str, Any] = {"version": STATE_VERSION, "seed": self.seed}
         if self.stream is not None:
             state.update(self.stream.state_dict())

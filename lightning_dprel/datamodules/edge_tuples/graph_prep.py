@@ -41,6 +41,7 @@ __all__ = [
     "check_node_texts",
     "check_finite_features",
     "report_capping",
+    "CappingReport",
     "report_cleaning",
     "FAR_ABOVE_FACTOR",
 ]
@@ -210,16 +211,42 @@ def report_cleaning(name: str, self_loops: int, duplicates: int, reverse: int, r
 NO_DEGREE_CAP = 1 << 40
 
 
-def report_capping(simple: Tensor, capped: Tensor, num_nodes: int, max_degree: int) -> None:
-    """Warn when K is far above the largest degree of the training relations; log what capping dropped.
+@dataclass(frozen=True)
+class CappingReport:
+    """What degree capping to K did to the training relations: ``total`` simple relations before it, ``kept`` (m)
+    after. A fact of the private graph for the person running the job (as the log line is), never released."""
+
+    max_degree: int
+    total: int
+    kept: int
+
+    @property
+    def dropped(self) -> int:
+        return self.total - self.kept
+
+    @property
+    def dropped_share(self) -> float:
+        """The share of the training relations capping dropped, in [0, 1]."""
+        return self.dropped / max(self.total, 1)
+
+    def __str__(self) -> str:
+        if self.max_degree >= NO_DEGREE_CAP:
+            return f"no degree cap: {self.kept:,} relations for training."
+        return (f"capping to K={self.max_degree:,} dropped {self.dropped:,} of {self.total:,} relations "
+                f"({100.0 * self.dropped_share:.0f} %); {self.kept:,} remain for training.")
+
+
+def report_capping(simple: Tensor, capped: Tensor, num_nodes: int, max_degree: int) -> CappingReport:
+    """Warn when K is far above the largest degree of the training relations; log what capping dropped (and return it).
 
     Both are facts about the private graph shown to the person running the job (as are the dataset sizes it
     already sees); choose K from public knowledge, not from them.
     """
     total, kept = int(simple.shape[1]), int(capped.shape[1])
+    report = CappingReport(int(max_degree), total, kept)
     if max_degree >= NO_DEGREE_CAP:
-        rank_zero_info(f"no degree cap: {kept:,} relations for training.")
-        return
+        rank_zero_info(str(report))
+        return report
     largest = int(torch.bincount(simple.flatten(), minlength=num_nodes).max()) if total else 0
     if max_degree > FAR_ABOVE_FACTOR * max(largest, 1):
         rank_zero_warn(
@@ -230,11 +257,8 @@ def report_capping(simple: Tensor, capped: Tensor, num_nodes: int, max_degree: i
             "the same training; K is a public bound, so choose it without tuning it on this graph.",
             category=UserWarning,
         )
-    dropped = total - kept
-    rank_zero_info(
-        f"capping to K={max_degree:,} dropped {dropped:,} of {total:,} relations "
-        f"({100.0 * dropped / max(total, 1):.0f} %); {kept:,} remain for training."
-    )
+    rank_zero_info(str(report))
+    return report
 
 
 @dataclass
@@ -247,6 +271,7 @@ class PreparedGraphs:
     test: EvalSet
     val: EvalSet | None
     held_out: bool = False  # the test relations were held out of the training graph (no separate, zero-shot test graph)
+    capping: CappingReport | None = None  # what capping to K dropped from the training relations
 
 
 def _load_graphs(source: Any, test_source: Any, val_source: Any, transform: Any) -> tuple[Data, Data | None, Data | None]:
@@ -315,7 +340,7 @@ def prepare(
             raise ValueError(f"relation_fraction={relation_fraction} keeps no training relation; raise it.")
     simple = to_simple_undirected(oriented, n)
     capped = cap_degree(simple, n, max_degree, policy=capping, generator=public_generator(seed, "cap"))
-    report_capping(simple, capped, n, max_degree)
+    capping_report = report_capping(simple, capped, n, max_degree)
     if directed:  # back to the data's orientation: (a, b) if a → b was given, else (b, a)
         a, b = capped
         forward = torch.isin(a * n + b, oriented[0] * n + oriented[1])
@@ -330,4 +355,4 @@ def prepare(
         val_set = eval_queries(val_edges, val_n, val_inputs, generator=public_generator(seed, "val_eval"), **queries)
     if public is not None:
         public.prepare(transform=transform, tokenizer=tokenizer, max_length=max_length, inputs=inputs, private=train)
-    return PreparedGraphs(n, capped, train_inputs, test_set, val_set, held_out=test is None)
+    return PreparedGraphs(n, capped, train_inputs, test_set, val_set, held_out=test is None, capping=capping_report)

@@ -31,13 +31,48 @@ from lightning_dprel.datamodules.edge_tuples.evaluation import EvalSet, sample_e
 from lightning_dprel.datamodules.edge_tuples.graph_prep import public_generator
 from lightning_dprel.datamodules.edge_tuples.rows import one_thread, slice_rows
 
-__all__ = ["LinkPredictionDataModule", "link_batch", "eval_link_batch"]
+__all__ = ["LinkPredictionDataModule", "LinkBatch", "link_batch", "eval_link_batch", "NO_EDGE_INDEX"]
 
 _TEXT_REFUSED = (
     "LinkPredictionDataModule feeds dense node features (`data.x`) to your link predictor; {what}. Embed the texts "
     "into `x` first (transform=lightning_dprel.transforms.EmbedText(...)), or train a text encoder with "
     "RelationalDataModule and lightning_dprel's relational model."
 )
+
+
+#: Why a link batch has no ``edge_index``, and what to score instead (raised by :attr:`LinkBatch.edge_index`).
+NO_EDGE_INDEX = (
+    "A LinkPredictionDataModule batch has no `edge_index`. Its fields are `x`, `n_id`, `edge_label_index` and "
+    "`edge_label`, and the privacy callback runs your training_step on each coupled tuple alone: `edge_label_index` "
+    "holds the sampled positive relations (label 1 in `edge_label`) and, for each, the k negatives the library's "
+    "sampler drew (label 0). Those negatives are part of the private mechanism (charged by the accountant) and are "
+    "already in the batch. Message passing over the training graph would read other entities' relations, and negatives "
+    "drawn in your step (torch_geometric.utils.negative_sampling) are not the sampler's. Score `edge_label_index` "
+    "against `edge_label` instead, e.g. F.binary_cross_entropy_with_logits(model(batch.x, batch.edge_label_index), "
+    "batch.edge_label); set k with LinkPredictionDataModule(neg_per_pos=k)."
+)
+
+
+class LinkBatch(Data):
+    """A PyG link-prediction ``Data`` (``x``, ``n_id``, ``edge_label_index``, ``edge_label``) without a graph: reading
+    ``edge_index`` raises :data:`NO_EDGE_INDEX` (a ``ValueError``) instead of returning None, so a step written for
+    PyG's link-prediction examples (message passing over ``edge_index``, negatives drawn from it) is refused with the
+    fix named rather than failing inside PyG. Everything else is PyG's ``Data`` (collation, ``to``, pickling)."""
+
+    @property
+    def edge_index(self) -> Tensor:
+        if "edge_index" in self._store:  # only if set explicitly; the library's batches never hold one
+            return self["edge_index"]
+        raise ValueError(NO_EDGE_INDEX)
+
+    @edge_index.setter
+    def edge_index(self, edge_index: Tensor | None) -> None:
+        self._store.edge_index = edge_index
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "edge_index" and key not in self._store:
+            raise ValueError(NO_EDGE_INDEX)
+        return super().__getitem__(key)
 
 
 def _features(inputs: dict[str, Tensor]) -> Tensor | None:
@@ -49,8 +84,8 @@ def _features(inputs: dict[str, Tensor]) -> Tensor | None:
     raise ValueError(_TEXT_REFUSED.format(what=f"these nodes have {sorted(inputs)} instead"))
 
 
-def link_batch(batch: TupleBatch) -> Data:
-    """One slice of coupled tuples as a PyG link-prediction ``Data``.
+def link_batch(batch: TupleBatch) -> LinkBatch:
+    """One slice of coupled tuples as a PyG link-prediction ``Data`` (a :class:`LinkBatch`: no ``edge_index``).
 
     Tuple i has rows (u_i, v_i, z_i1, …, z_ik) and edges (u_i, v_i) with label 1 and (w_ij, z_ij) with label 0, w_ij
     the end of e_i⁺ that NEG-SAMPLE-WOR paired with z_ij. Full-batch fields: ``x`` ``[B·(2+k), d]``, ``n_id``
@@ -67,7 +102,7 @@ def link_batch(batch: TupleBatch) -> Data:
     tuple_label = torch.zeros(size, 1 + k)
     tuple_label[:, 0] = 1.0
     offsets = (torch.arange(size) * slots).view(size, 1, 1)
-    out = Data(
+    out = LinkBatch(
         n_id=tuple_n_id.reshape(-1),
         edge_label_index=(tuple_eli + offsets).permute(1, 0, 2).reshape(2, size * (1 + k)),
         edge_label=tuple_label.reshape(-1),
@@ -85,7 +120,7 @@ def link_batch(batch: TupleBatch) -> Data:
     return out
 
 
-def eval_link_batch(ev: EvalSet, negatives: Tensor, rows: Tensor) -> Data:
+def eval_link_batch(ev: EvalSet, negatives: Tensor, rows: Tensor) -> LinkBatch:
     """Evaluation queries ``rows`` as a PyG link batch: each held-out relation (u, v) with label 1, then (u, z) with
     label 0 for its sampled non-neighbours z (``negatives[rows]``); ``x`` / ``n_id`` hold the batch's distinct nodes."""
     query, target, neg = ev.query[rows], ev.target[rows], negatives[rows]
@@ -93,7 +128,7 @@ def eval_link_batch(ev: EvalSet, negatives: Tensor, rows: Tensor) -> Data:
     dst = torch.cat([target, neg.reshape(-1)])
     node_ids, inverse = torch.unique(torch.cat([src, dst]), return_inverse=True)
     label = torch.cat([torch.ones(query.numel()), torch.zeros(neg.numel())])
-    out = Data(n_id=node_ids, edge_label_index=inverse.view(2, -1), edge_label=label, num_nodes=node_ids.numel())
+    out = LinkBatch(n_id=node_ids, edge_label_index=inverse.view(2, -1), edge_label=label, num_nodes=node_ids.numel())
     x = _features(ev.inputs)
     if x is not None:
         out.x = x.index_select(0, node_ids)
@@ -157,7 +192,7 @@ class LinkPredictionDataModule(RelationalDataModule):
     """
 
     #: How the privacy callback splits a batch into its examples: one coupled tuple each.
-    example_view = LinkTuples()
+    example_view = LinkTuples(LinkBatch)  # reading edge_index names the fix
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
