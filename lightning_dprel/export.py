@@ -53,8 +53,37 @@ def _module_class(class_path: str) -> type:
 
 
 def export_model(module: Any, folder: str | Path, *, delta: float | None = None) -> Path:
-    """Write any private model's release to ``folder`` (:meth:`~lightning_dprel.core.ledger_module.LedgerModule.export`)."""
-    return module.export(folder, delta=delta)
+    """Write any private model's release to ``folder``: a lightning_dprel model's
+    (:meth:`~lightning_dprel.core.ledger_module.LedgerModule.export`), or a plain LightningModule that PrivacyCallback
+    made private (all its parameters and buffers, with the same ``privacy.json`` and ``ledger.json``)."""
+    from lightning_dprel.core.ledger_module import LedgerModule
+
+    if isinstance(module, LedgerModule):
+        return module.export(folder, delta=delta)
+    return _export_made_private(module, Path(folder), delta)
+
+
+def _export_made_private(module: Any, folder: Path, delta: float | None) -> Path:
+    from lightning_dprel.core.attached import attached_ledger, attached_public_data
+    from lightning_dprel.core.ledger_module import ledger_bounds, ledger_delta, ledger_epsilon, ledger_report, write_release
+
+    ledger = attached_ledger(module)
+    if ledger is None or not ledger.segments:
+        raise ValueError(
+            f"{type(module).__name__} has no privacy ledger: it was never trained with PrivacyCallback (or is not a "
+            "lightning_dprel model), so no ε can be reported for it. Train it with PrivacyCallback, then export."
+        )
+    delta = ledger_delta(ledger, delta if delta is not None else privacy_delta(module))
+    epsilon = ledger_epsilon(ledger, delta)
+    steps = [seg for seg in ledger.segments if seg.sampling is not None]
+    details = {"noise_multiplier": steps[-1].noise_multiplier, "clip_norm": steps[-1].clip_norm,
+               "clipping": steps[-1].clipping} if steps else {}
+    report = ledger_report(ledger, delta, epsilon=epsilon, bounds=ledger_bounds(ledger, delta), details=details,
+                           public_data=attached_public_data(module))
+    weights = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    meta = {"made_private_by": "lightning_dprel.PrivacyCallback",
+            "buffers": sorted(n for n, _ in module.named_buffers())}
+    return write_release(folder, module, weights, meta, report, ledger)
 
 
 def load_exported(folder: str | Path) -> Any:

@@ -1,4 +1,5 @@
-"""Shared scaffolding of the multi-process tests: a free port, a gloo group, spawning, running a DDP script."""
+"""Shared scaffolding of the tests: a free port, a gloo group, spawning, running a DDP script; the released clipped sum
+of an attached private step."""
 
 from __future__ import annotations
 
@@ -129,3 +130,20 @@ def fit_saving_releases(folder, devices: int, strategy: str, model, *, steps: in
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model, **fit_kwargs)
+
+
+def released_sum(monkeypatch, model, cb, batch) -> torch.Tensor:
+    """The clipped sum the DP optimizer noises for ``batch`` (captured at add_noise), through the step PrivacyCallback
+    attached to a plain module (after a fit with ``cb``)."""
+    from lightning_dprel.core.optim import DPOptimizer
+    from lightning_dprel.grad_sample.user_step import quiet_logging
+
+    seen = []
+    original = DPOptimizer.add_noise
+    monkeypatch.setattr(DPOptimizer, "add_noise", lambda self, summed, noise="draw": seen.append(
+        {n: t.clone() for n, t in summed.items()}) or original(self, summed, noise))
+    with quiet_logging(model):
+        cb._layer.training_step(batch, 0)
+    cb._layer.dp.pre_step()  # stages 1-5 on the record, as the step does
+    monkeypatch.setattr(DPOptimizer, "add_noise", original)
+    return torch.cat([t.reshape(-1) for t in seen[-1].values()])

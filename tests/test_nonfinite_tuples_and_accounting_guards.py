@@ -85,8 +85,9 @@ def test_accountant_refuses_tiny_noise_multiplier_quickly() -> None:
     assert per_step_rdp("freq_corrected", spec, 0.1).shape[0] > 100
 
 
-def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
-    """δ = 1/m (the paper's default) can exceed 1/n for an entity-level unit; the callback says so."""
+def test_callback_default_delta_stays_below_one_over_n_and_an_explicit_one_above_is_refused() -> None:
+    """δ = 1/m (the paper's default) can exceed 1/n for an entity-level unit: the default is then 1/(10·n), quietly,
+    and the same δ given explicitly is refused unless allowed (with a warning)."""
     from lightning_dprel.callbacks import PrivacyCallback
     from lightning_dprel.core.specs import SamplingSpec
 
@@ -94,15 +95,17 @@ def test_callback_warns_when_delta_is_not_below_one_over_n() -> None:
                              expected_batch_size=10.0, steps_per_epoch=50)
     many_edges = SamplingSpec(num_nodes=100, num_edges=500, max_degree=5, sampling_rate=0.02, neg_per_pos=2,
                               expected_batch_size=10.0, steps_per_epoch=50)
-    cb = PrivacyCallback(target_epsilon=4.0)
-    cb.mechanism = "freq_corrected"
-    with pytest.warns(UserWarning, match=r"δ = 0.002 is not below 1/n = 0.001"):
-        cb._resolve_delta(few_edges)
-    quiet = PrivacyCallback(target_epsilon=4.0)
-    quiet.mechanism = "freq_corrected"
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        quiet._resolve_delta(many_edges)
-    assert quiet.delta == pytest.approx(1 / 500)
+    for spec, default in ((few_edges, 1e-4), (many_edges, 1 / 500)):
+        quiet = PrivacyCallback(target_epsilon=4.0)
+        quiet.mechanism = "freq_corrected"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            quiet._resolve_delta(spec)
+        assert quiet.delta == pytest.approx(default)
+    with pytest.raises(ValueError, match=r"δ = 0.002 is not below 1/n = 0.001"):
+        PrivacyCallback(target_epsilon=4.0, delta=0.002)._resolve_delta(few_edges)
+    allowed = PrivacyCallback(target_epsilon=4.0, delta=0.002, allow_large_delta=True)
+    with pytest.warns(UserWarning, match=r"δ = 0.002 is not below 1/n = 0.001"):
+        allowed._resolve_delta(few_edges)

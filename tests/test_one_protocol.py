@@ -62,11 +62,12 @@ def test_untracked_private_dp_gpl_fit_is_refused_before_any_release():
 
 
 @pytest.mark.filterwarnings("ignore:DPGPLModule. private fit without a PrivacyCallback")
-def test_dp_gpl_warns_when_delta_is_not_well_below_one_over_n():
+def test_dp_gpl_refuses_delta_not_below_one_over_n():
     dm = tiny_prompt_dm()
     module = DPGPLModule(sigma_threshold=40.0, sigma_vote=40.0, delta=0.05, allow_untracked=True, **SMALL)
-    with pytest.warns(UserWarning, match=r"DPGPLModule: δ = 0.05 is not below 1/n = .* \(n = \d+ labelled nodes\)"):
+    with pytest.raises(ValueError, match=r"DPGPLModule: δ = 0.05 is not below 1/n = .* \(n = \d+ labelled nodes\)"):
         quiet_trainer(max_epochs=1).fit(module, dm)
+    assert module.privacy_ledger.steps == 0 and not module.privacy_ledger.segments
 
 
 def test_export_has_one_path_for_every_method(tmp_path):

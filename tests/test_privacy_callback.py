@@ -91,6 +91,11 @@ def _quiet():
         yield
 
 
+def default_delta(spec):
+    """The callback's default δ for the entity unit: the paper's 1/m when it is below 1/n, else 1/(10·n)."""
+    return 1.0 / spec.num_edges if spec.num_edges > spec.units else 1.0 / (10 * spec.units)
+
+
 # ---------------------------------------------------------------------- budget
 def _random_configs(count, seed):
     rng = random.Random(seed)
@@ -107,7 +112,7 @@ _EPOCH_END = ("freq_corrected", make_spec(K=5, k=4, gamma=0.01, steps_per_epoch=
 
 @pytest.mark.parametrize("mech,spec,sigma,stop_at,frac", list(_random_configs(24, seed=6)) + [_EPOCH_END])
 def test_budget_stops_before_the_step_that_would_exceed(mech, spec, sigma, stop_at, frac):
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     eps_t = independent_eps(mech, spec, sigma, delta, stop_at)
     eps_next = independent_eps(mech, spec, sigma, delta, stop_at + 1)
     assert eps_next > eps_t
@@ -131,7 +136,7 @@ def test_logged_epsilon_equals_independent_accountant_per_step():
     trainer = make_trainer(callback, logger=logger, max_steps=11)
     trainer.fit(module, datamodule=SpecDataModule(spec))
 
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     expected = [independent_eps(mech, spec, sigma, delta, t) for t in range(1, 12)]
     assert logger.values("epsilon") == pytest.approx(expected, rel=1e-6)
     assert logger.values("delta") == pytest.approx([delta] * 11)
@@ -169,7 +174,7 @@ def test_calibration_sets_sigma_and_spends_at_most_the_target(limits):
     trainer.fit(module, datamodule=SpecDataModule(spec))
 
     planned = limits.get("max_steps") or limits["max_epochs"] * spec.steps_per_epoch
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     sigma = noise_multiplier_for(target, delta=delta, steps=planned, sampling=spec, mechanism="standard")
     assert module.sigma == pytest.approx(sigma) and callback.noise_multiplier == pytest.approx(sigma)
     assert logger.values("noise_multiplier") == pytest.approx([sigma])
@@ -187,7 +192,7 @@ def _resume_config():
 @pytest.mark.parametrize("calibrate", [False, True])
 def test_resume_from_checkpoint_equals_uninterrupted(tmp_path, calibrate):
     spec, sigma = _resume_config()
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     target = 0.5 * (independent_eps("freq_corrected", spec, sigma, delta, 13)
                     + independent_eps("freq_corrected", spec, sigma, delta, 14))
     limits = dict(max_steps=17) if calibrate else {}
@@ -231,7 +236,7 @@ def test_resume_without_callback_state_still_counts_the_ledger(tmp_path):
     resumed, fresh = PrivacyCallback(), module_for("freq_corrected", sigma)
     make_trainer(resumed, max_steps=6).fit(fresh, datamodule=SpecDataModule(spec), ckpt_path=str(path))
     assert fresh.optimizer_steps == 3 and resumed.steps == 6  # the 3 steps before the checkpoint are in the ledger
-    assert resumed.epsilon == pytest.approx(independent_eps("freq_corrected", spec, sigma, 1.0 / spec.num_edges, 6), rel=1e-12)
+    assert resumed.epsilon == pytest.approx(independent_eps("freq_corrected", spec, sigma, default_delta(spec), 6), rel=1e-12)
 
 
 def test_state_dict_is_plain_and_rejects_another_mechanism():
@@ -329,7 +334,7 @@ def test_two_privacy_callbacks_are_refused_by_their_state_key():
 
 def test_resume_after_the_budget_stop_takes_no_step_unless_the_target_is_raised(tmp_path):
     spec, sigma = _resume_config()
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     target = 0.5 * (independent_eps("standard", spec, sigma, delta, 6) + independent_eps("standard", spec, sigma, delta, 7))
     first = PrivacyCallback(target_epsilon=target)
     trainer = make_trainer(first)
@@ -363,7 +368,7 @@ class SaveBeforePrivacy(pl.Callback):
 
 def test_a_checkpoint_saved_before_the_callback_runs_holds_the_step(tmp_path):
     spec, sigma = _resume_config()
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     target = 0.5 * (independent_eps("standard", spec, sigma, delta, 8) + independent_eps("standard", spec, sigma, delta, 9))
     path = tmp_path / "early.ckpt"
     full = PrivacyCallback(target_epsilon=target)
@@ -388,7 +393,7 @@ class ClearStop(pl.Callback):
 
 def test_a_step_past_the_budget_is_an_error_not_a_silent_overrun():
     spec, sigma = make_spec(), 1.0
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     target = 0.5 * (independent_eps("freq_corrected", spec, sigma, delta, 4) + independent_eps("freq_corrected", spec, sigma, delta, 5))
     callback, module = PrivacyCallback(target_epsilon=target), module_for("freq_corrected", sigma)
     with pytest.raises(RuntimeError, match="a step ran after the callback set `trainer.should_stop`"):
@@ -405,7 +410,7 @@ class TwoStepModule(BoringPrivateModule):
 def test_two_releases_on_one_batch_are_one_sampled_step_with_sigma_over_sqrt2_and_looked_ahead():
     """Two noised releases of one sample are one sampled Gaussian release with σ/√2, not two independent steps."""
     spec, sigma = make_spec(), 1.0
-    delta, joint = 1.0 / spec.num_edges, sigma / math.sqrt(2.0)
+    delta, joint = default_delta(spec), sigma / math.sqrt(2.0)
     target = 0.5 * (independent_eps("freq_corrected", spec, joint, delta, 3) + independent_eps("freq_corrected", spec, joint, delta, 4))
     callback, module = PrivacyCallback(target_epsilon=target), TwoStepModule(sigma=sigma)
     make_trainer(callback).fit(module, datamodule=SpecDataModule(spec))
@@ -420,7 +425,7 @@ def test_naive_bound_is_accepted_only_where_its_sensitivity_is_claimed():
     callback = PrivacyCallback(mechanism="naive")
     with pytest.warns(UserWarning, match="Proposition 4.1"):
         make_trainer(callback, max_steps=3).fit(module_for("freq_paper", 2.0), datamodule=SpecDataModule(spec))
-    assert callback.epsilon == pytest.approx(independent_eps("naive", spec, 2.0, 1.0 / spec.num_edges, 3), rel=1e-12)
+    assert callback.epsilon == pytest.approx(independent_eps("naive", spec, 2.0, default_delta(spec), 3), rel=1e-12)
     assert "naive" in callback.summary
     for mech in ("freq_corrected", "standard"):
         with pytest.raises(ValueError, match=r"mechanism='naive'\) contradicts the module"):
@@ -459,7 +464,7 @@ def test_paper_accounting_warns_once_and_summary_names_it():
 @pytest.mark.parametrize("mech,label", [("freq_corrected", "FREQ-CLIP corrected"), ("standard", "standard (Thm C.1)")])
 def test_summary_line(mech, label):
     spec = make_spec()
-    delta = 1.0 / spec.num_edges
+    delta = default_delta(spec)
     target = 0.5 * (independent_eps(mech, spec, 1.0, delta, 3) + independent_eps(mech, spec, 1.0, delta, 4))
     callback = PrivacyCallback(target_epsilon=target)
     make_trainer(callback).fit(module_for(mech, 1.0), datamodule=SpecDataModule(spec))
@@ -489,7 +494,8 @@ def real_pair(*, sigma=1.0, calibrate_sigma=None):
 def _real_target(stop_at, sigma=1.0):
     _, dm = real_pair()
     dm.setup("fit")
-    spec, delta = dm.sampling_spec, 1.0 / dm.sampling_spec.num_edges
+    spec = dm.sampling_spec
+    delta = default_delta(spec)
     eps = [independent_eps("freq_corrected", spec, sigma, delta, t) for t in (stop_at, stop_at + 1)]
     return 0.5 * (eps[0] + eps[1]), eps[0]
 

@@ -132,20 +132,29 @@ def test_node_level_delta_default_and_warning_count_nodes_not_subgraphs():
     assert callback.delta == pytest.approx(1.0 / (10 * nodes))
     assert callback.delta < 1.0 / nodes < 1.0 / spec.num_edges  # was 1/(number of subgraphs) = 0.1
 
-    loose = PrivacyCallback(delta=2.0 / nodes)  # below 1/subgraphs = 0.1, not below 1/nodes
+    loose = PrivacyCallback(delta=0.7 / nodes)  # below 1/subgraphs = 0.1, not well below 1/nodes
     module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
-    with pytest.warns(UserWarning, match=rf"not below 1/n = .* \(n = {nodes} nodes\)"):
+    with pytest.warns(UserWarning, match=rf"not well below 1/n = .* \(n = {nodes} nodes\)"):
         quiet_trainer([loose], max_steps=1).fit(module, datamodule=_node_dm())
+    above = PrivacyCallback(delta=2.0 / nodes)  # not below 1/nodes: refused before the first step
+    module = DPNodeModule(GNNClassifier(8, 3, hidden_dim=8, dropout=0.0), noise_multiplier=1.0, noise_seed=0)
+    with pytest.raises(ValueError, match=rf"not below 1/n = .* \(n = {nodes} nodes\)"):
+        quiet_trainer([above], max_steps=1).fit(module, datamodule=_node_dm())
+    assert module.privacy_ledger.steps == 0
 
 
-def test_entity_delta_default_is_still_one_over_m_and_warns_against_entities():
+def test_entity_delta_default_is_a_tenth_of_one_over_n_when_one_over_m_is_not_below_it():
     dm = _relational_dm()
     callback = PrivacyCallback()
     module = DPRelationalModule(MLPEncoder(16, hidden_dim=8, out_dim=8), clipping="standard", noise_multiplier=1.0,
                                 noise_seed=0)
-    with pytest.warns(UserWarning, match=r"not below 1/n = .* \(n = \d+ entities\)"):  # 1/m is not below 1/(entities)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         quiet_trainer([callback], max_steps=1).fit(module, datamodule=dm)
-    assert callback.delta == pytest.approx(1.0 / dm.sampling_spec.num_edges)
+    assert not [w for w in seen if "below 1/n" in str(w.message)]
+    spec = dm.sampling_spec
+    assert spec.num_edges <= spec.units  # 1/m is not below 1/(entities): the default is 1/(10·n)
+    assert callback.delta == pytest.approx(1.0 / (10 * spec.units))
     assert dm.sampling_spec.units == dm.sampling_spec.num_nodes and math.isfinite(callback.epsilon)
     assert torch.isfinite(torch.tensor(callback.epsilon))
 

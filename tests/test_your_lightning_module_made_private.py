@@ -21,10 +21,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_helpers import record_noise_draws
+from ddp_helpers import record_noise_draws, released_sum
 from lightning_dprel import DPDataLoader, PrivacyCallback
-from lightning_dprel.grad_sample.user_step import quiet_logging
-from lightning_dprel.core.optim import DPOptimizer
 from projects import tabular_classifier as plain
 from projects import tabular_classifier_private as private
 
@@ -130,19 +128,6 @@ def test_epsilon_equals_dp_accounting_poisson_subsampled_gaussian():
 
 
 # ---------------------------------------------------------------------- sensitivity through the real step
-def _released_sums(monkeypatch, batch, model, cb):
-    """The clipped sum the DP optimizer noises for ``batch`` (captured at add_noise), through the attached step."""
-    seen = []
-    original = DPOptimizer.add_noise
-    monkeypatch.setattr(DPOptimizer, "add_noise", lambda self, summed, noise="draw": seen.append(
-        {n: t.clone() for n, t in summed.items()}) or original(self, summed, noise))
-    layer = cb._layer
-    with quiet_logging(model):
-        layer.training_step(batch, 0)
-    layer.dp.pre_step()  # stages 1-5 on the record, as the step does
-    return torch.cat([t.reshape(-1) for t in seen[-1].values()])
-
-
 @pytest.mark.parametrize("clip", [0.05, 1.0])
 def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, clip):
     torch.manual_seed(1)
@@ -153,8 +138,8 @@ def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, c
     moves = []
     for j in range(0, 40, 13):
         keep = torch.arange(40) != j
-        full = _released_sums(monkeypatch, [x, y], model, cb)
-        without = _released_sums(monkeypatch, [x[keep], y[keep]], model, cb)
+        full = released_sum(monkeypatch, model, cb, [x, y])
+        without = released_sum(monkeypatch, model, cb, [x[keep], y[keep]])
         moves.append(float((full - without).norm()))
     assert max(moves) <= clip * (1 + 1e-5)
     if clip == 0.05:  # every example's gradient is clipped: the bound is met

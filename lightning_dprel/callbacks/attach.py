@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from lightning_dprel.callbacks.outputs import (
+    TrainingLogGuard, check_validation_disjoint, refuse_training_monitors, validation_runs,
+)
 from lightning_dprel.core.update_watch import UpdateWatch
 from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.specs import SamplingSpec
 
-__all__ = ["attach_arguments", "privacy_layer", "sampler_facts", "watch_updates", "close_layer", "saved_ledger_of"]
+__all__ = ["attach_arguments", "privacy_layer", "sampler_facts", "open_layer", "watch_updates", "close_layer",
+           "saved_ledger_of"]
 
 
 def attach_arguments(clip_norm: Optional[float], noise_multiplier: Optional[float],
@@ -78,6 +82,13 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
             )
         return dm.sampling_spec, dm.example_view
     loaders = trainer.train_dataloader
+    loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
+    if isinstance(loaders, (list, tuple)) and len(loaders) > 1:
+        raise ValueError(
+            f"PrivacyCallback got {len(loaders)} training loaders: Lightning joins their batches into one step, which "
+            "is not one Poisson sample of one dataset (rows would be paired by position, or the same sample charged "
+            "once for two). Train on one DPDataLoader over one dataset (concatenate the datasets first)."
+        )
     for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
         if isinstance(loader, DPDataLoader):
             return loader.sampling_spec, loader.example_view
@@ -87,6 +98,46 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
         "DPDataLoader(dataset, batch_size=b) (rows; was DataLoader(..., shuffle=True)), LinkPredictionDataModule "
         "(a PyG link predictor) or NodeSplitDataModule(as_pyg_batches=True) (a PyG GNN)."
     )
+
+
+def open_layer(trainer: Any, pl_module: Any, layer: Any, *, keep_logs: bool) -> Any:
+    """Fit start of a DP-SGD fit, before step 1: an attached layer takes its sampler's facts (and refuses validation
+    rows of the training data); a monitor no validation feeds is refused; training logs are guarded
+    (:mod:`~lightning_dprel.callbacks.outputs`: a plain module's dropped unless ``keep_logs``). Returns ``layer``."""
+    if isinstance(layer, AttachedDPSGD):
+        layer.prepare(*sampler_facts(trainer))
+    refuse_training_monitors(trainer)
+    _refuse_batch_norm_recomputed(trainer, pl_module)
+    if isinstance(layer, AttachedDPSGD) and validation_runs(trainer):
+        loaders = trainer.train_dataloader
+        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            if hasattr(loader, "batches"):  # a DPDataLoader: its rows are the private units
+                check_validation_disjoint(trainer, loader.batches.dataset)
+    _remove_guard(pl_module)
+    TrainingLogGuard(pl_module, trainer, keep=keep_logs or not isinstance(layer, AttachedDPSGD))
+    return layer
+
+
+def _refuse_batch_norm_recomputed(trainer: Any, pl_module: Any) -> None:
+    """SWA's last epoch recomputes every BatchNorm's running statistics from the training batches, even of a BatchNorm
+    frozen in eval mode: refused before step 1."""
+    from pytorch_lightning.callbacks import StochasticWeightAveraging
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    if any(isinstance(cb, StochasticWeightAveraging) for cb in trainer.callbacks):
+        bn = next((n for n, m in pl_module.named_modules() if isinstance(m, _BatchNorm)), None)
+        if bn is not None:
+            raise ValueError(
+                f"StochasticWeightAveraging recomputes the running statistics of `{bn}` (BatchNorm) from the private "
+                "training batches in its last epoch, without noise, even when it is frozen in eval mode. Use "
+                "nn.GroupNorm / nn.LayerNorm with SWA, or average the weights without SWA's BatchNorm pass."
+            )
+
+
+def _remove_guard(pl_module: Any) -> None:
+    guard = getattr(pl_module.__dict__.get("log"), "__self__", None)
+    if isinstance(guard, TrainingLogGuard):
+        guard.remove()
 
 
 def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:
@@ -99,11 +150,15 @@ def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:
     return watch
 
 
-def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch]) -> tuple[Any, None]:
-    """End of fit: the module gets its own methods back (the layer and its ledger stay readable), the watch stops."""
+def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch], *, failed: bool = False) -> tuple[Any, None]:
+    """End of fit: the module gets its own methods back (the layer and its ledger stay readable), the watch stops;
+    after an error (``failed``), whatever moved since the last charged release reads ε = ∞."""
     if isinstance(layer, AttachedDPSGD):
         layer.detach()
+    _remove_guard(pl_module)
     if watch is not None:
+        if failed:
+            watch.settle()
         watch.close()
     return layer, None
 

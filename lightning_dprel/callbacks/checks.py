@@ -112,9 +112,10 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
     return spec
 
 
-def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool) -> float:
+def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool, allow_large: bool = False) -> float:
     """δ for a SamplingSpec's unit (:func:`lightning_dprel.core.checks.resolve_delta`)."""
-    return _resolve_delta(delta, sampling.unit, sampling.units, num_edges=sampling.num_edges, warn=warn)
+    return _resolve_delta(delta, sampling.unit, sampling.units, num_edges=sampling.num_edges, warn=warn,
+                          allow_large=allow_large)
 
 
 def check_not_over(epsilon: float, target: float, steps: int, *, releases: int, planned: int) -> None:
@@ -187,6 +188,26 @@ def resolve_mechanism(noise: NoiseSpec, sampling: SamplingSpec, mechanism_arg: O
             f"gives {mechanism!r}. One callback cannot mix accountings; use a new PrivacyCallback."
         )
     return mechanism
+
+
+def calibrated_sigma(trainer: "pl.Trainer", sampling: SamplingSpec, *, target: float, delta: float, mechanism: str,
+                     releases: int, spent: Any, kind: str) -> float:
+    """σ such that the planned steps, after what ``spent`` holds, end at ε ≤ ``target`` (r releases per sample: one
+    sample at σ/√r); says so on rank 0."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_info
+
+    from lightning_dprel.accounting import noise_multiplier_for
+
+    total = -(-planned_steps(trainer, sampling) // releases)
+    sigma = math.sqrt(releases) * float(noise_multiplier_for(target, delta=delta, steps=total, sampling=sampling,
+                                                             mechanism=mechanism, spent=spent))
+    already = f", after the {spent.steps} private steps the model already took" if spent.steps else ""
+    rank_zero_info(
+        f"PrivacyCallback: calibrated σ = {sigma:.6g} so that {total} steps{already} spend ε ≤ {target} at δ = "
+        f"{delta:.3g} ({ACCOUNTING_LABELS[mechanism]}, "
+        f"{'the smaller of the PLD and RDP bounds' if kind == 'pld' else 'RDP'})."
+    )
+    return sigma
 
 
 def horizon_end(trainer: "pl.Trainer", sampling: SamplingSpec, ledger: Any) -> Optional[int]:

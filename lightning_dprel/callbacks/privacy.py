@@ -10,7 +10,6 @@ References:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence
 
 import pytorch_lightning as pl
@@ -18,21 +17,20 @@ from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_dprel.accounting import Accountant, get_mechanism, noise_multiplier_for
+from lightning_dprel.accounting import Accountant, get_mechanism
 from lightning_dprel.accounting.accountant import check_accountant
 from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING
 from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
-
 from lightning_dprel.callbacks.checks import (
     ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, horizon_end, ledger_of, noise_spec_of,
-    planned_steps, resolve_mechanism,
-    check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
+    resolve_mechanism, check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
+    calibrated_sigma,
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
-from lightning_dprel.callbacks.attach import attach_arguments, close_layer, privacy_layer, sampler_facts, saved_ledger_of, watch_updates
+from lightning_dprel.callbacks.attach import attach_arguments, close_layer, open_layer, privacy_layer, saved_ledger_of, watch_updates
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -65,7 +63,8 @@ class PrivacyCallback(Callback):
         accountant: ``"pld"`` (default): ε is the smaller of the privacy-loss-distribution bound (for mechanisms with
             a proven dominating pair) and the RDP bound — calibration, the bar and the halt use it; ``"rdp"``: RDP only.
         clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required), σ (default 1.0;
-            ``calibrate=True`` replaces it), and whether its training_step logs (computed without noise) are kept.
+            ``calibrate=True`` replaces it), and whether its training logs (computed without noise) are kept.
+        allow_large_delta: report a δ with n·δ ≥ 1 (refused otherwise: one unit could be released outright).
 
     Attributes:
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
@@ -99,6 +98,7 @@ class PrivacyCallback(Callback):
         clip_norm: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
         log_private_metrics: bool = False,
+        allow_large_delta: bool = False,
     ) -> None:
         super().__init__()
         target_epsilon, delta = check_arguments(target_epsilon, delta, mechanism, calibrate, sampling_spec)
@@ -111,6 +111,7 @@ class PrivacyCallback(Callback):
         self.orders = None if orders is None else tuple(float(a) for a in orders)
         self.accountant_kind = check_accountant(accountant)
         self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
+        self._allow_large_delta = bool(allow_large_delta)
 
         self.mechanism, self.delta = mechanism, delta
         self.noise_multiplier: Optional[float] = None
@@ -158,7 +159,8 @@ class PrivacyCallback(Callback):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if stage == "fit":
-            check_trainer(trainer)
+            check_trainer(trainer)  # and run first: averaging callbacks (SWA, EMA) write released averages after its checks
+            trainer.callbacks.insert(0, trainer.callbacks.pop(trainer.callbacks.index(self)))
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -172,7 +174,8 @@ class PrivacyCallback(Callback):
         self._ledger = ledger_of(pl_module)
         unit, units = release_unit_of(trainer, pl_module)
         pl_module.charge_data_releases(trainer.datamodule)  # what was released on the data already counts
-        self.delta = release_delta(pl_module, self.delta, unit, units, warn="delta" not in self._warned)
+        self.delta = release_delta(pl_module, self.delta, unit, units, warn="delta" not in self._warned,
+                                   allow_large=self._allow_large_delta)
         self._warned.add("delta")
         if self.calibrate:
             pl_module.calibrate_releases(self.target_epsilon, self.delta)
@@ -185,9 +188,7 @@ class PrivacyCallback(Callback):
             check_releases_charged(pl_module, self._ledger, delta=self.delta, planned=self._planned_epsilon)
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
-        layer = self._layer
-        if layer is not pl_module:
-            layer.prepare(*sampler_facts(trainer))
+        layer = open_layer(trainer, pl_module, self._layer, keep_logs=self._log_private)  # sampler, hooks, logs, monitors
         sampling, noise = self._read_facts(trainer, layer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
@@ -219,6 +220,15 @@ class PrivacyCallback(Callback):
         self.on_train_batch_start(trainer, pl_module, None, -1)
 
     @override
+    def on_validation_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self.on_train_batch_start(trainer, pl_module, None, -1)  # what training kept, before public data runs
+
+    @override
+    def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self._watch is not None:
+            self._watch.rebase(plain_only=True)  # what validation (public data) kept on the module is not a release
+
+    @override
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -245,7 +255,7 @@ class PrivacyCallback(Callback):
                 self._sampling, sigma, self.delta, self._lookahead))
 
     def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float, *, on_step: bool = True) -> None:
-        pl_module.log("epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
+        pl.LightningModule.log(pl_module, "epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
         # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
         for logger in trainer.loggers:
             logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
@@ -261,7 +271,7 @@ class PrivacyCallback(Callback):
 
     @override
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
-        self._layer, self._watch = close_layer(pl_module, self._layer, self._watch)
+        self._layer, self._watch = close_layer(pl_module, self._layer, self._watch, failed=True)
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -309,33 +319,18 @@ class PrivacyCallback(Callback):
         return sampling, noise
 
     def _resolve_delta(self, sampling: SamplingSpec) -> None:
-        self.delta = resolve_delta(self.delta, sampling, warn="delta" not in self._warned)
+        self.delta = resolve_delta(self.delta, sampling, warn="delta" not in self._warned, allow_large=self._allow_large_delta)
         self._warned.add("delta")
 
     def _apply_calibration(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", sampling: SamplingSpec) -> None:
         """Choose σ for the planned steps and set it on the module; a resumed fit keeps the σ its optimizer restored."""
-        if self._calibrated:
-            return
-        setter = sigma_setter_of(pl_module)
-        releases = self._releases  # r noised sums per sample: r optimizer steps, one sample at σ/√r
-        total = -(-planned_steps(trainer, sampling) // releases)
-        spent = self.accountant
-        sigma = math.sqrt(releases) * float(
-            noise_multiplier_for(
-                self.target_epsilon, delta=self.delta, steps=total, sampling=sampling, mechanism=self.mechanism,
-                spent=spent,
-            )
-        )
-        self._calibrated = True
-        already = f", after the {spent.steps} private steps the model already took" if spent.steps else ""
-        rank_zero_info(
-            f"PrivacyCallback: calibrated σ = {sigma:.6g} so that {total} steps{already} spend ε ≤ "
-            f"{self.target_epsilon} at δ = {self.delta:.3g} ({ACCOUNTING_LABELS[self.mechanism]}, "
-            f"{'the smaller of the PLD and RDP bounds' if self.accountant_kind == 'pld' else 'RDP'})."
-        )
-        setter(sigma)
-        for logger in trainer.loggers:
-            logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
+        if not self._calibrated:
+            sigma = calibrated_sigma(trainer, sampling, target=self.target_epsilon, delta=self.delta, mechanism=self.mechanism,
+                                     releases=self._releases, spent=self.accountant, kind=self.accountant_kind)
+            self._calibrated = True
+            sigma_setter_of(pl_module)(sigma)
+            for logger in trainer.loggers:
+                logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
         sigma = self._next_sigma(noise)

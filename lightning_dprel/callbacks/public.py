@@ -78,7 +78,7 @@ class PublicWarmStart(Callback):
         warm_start(pl_module, public, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
                    neg_per_pos=_neg_per_pos(trainer), directed=bool(getattr(trainer.datamodule, "directed", True)), log=log)
         log.close()
-        pl_module.public_data["warm_start"] = {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size}
+        record_public(pl_module, "warm_start", {"steps": self.steps, "lr": self.lr, "batch_size": self.batch_size})
         self.done = True
 
     def state_dict(self) -> dict[str, Any]:
@@ -114,7 +114,13 @@ class PublicInterleave(Callback):
             self._opt = torch.optim.Adam([p for p in pl_module.parameters() if p.requires_grad], lr=self.lr)
         warm_start(pl_module, public, steps=1, lr=self.lr, batch_size=self.batch_size, neg_per_pos=_neg_per_pos(trainer),
                    directed=bool(getattr(trainer.datamodule, "directed", True)), first_step=2_000_000 + step, optimizer=self._opt)
-        pl_module.public_data["interleave"] = {"every_n_steps": self.every_n_steps, "lr": self.lr, "batch_size": self.batch_size}
+        record_public(pl_module, "interleave", {"every_n_steps": self.every_n_steps, "lr": self.lr, "batch_size": self.batch_size})
+
+
+def record_public(module: Any, key: str, value: Any) -> None:
+    """``module.public_data[key] = value``: what public data shaped the model, for ``privacy.json`` (not a release)."""
+    with public_update(module):
+        module.public_data[key] = value
 
 
 def warm_start(module: Any, public: Any, *, steps: int, lr: float, batch_size: int, neg_per_pos: int, directed: bool = True,
@@ -170,7 +176,7 @@ class PublicGradientSubspace(Callback):
         dp.set_subspace(subspace)
         self.refreshes += 1
         self._refreshed_at = step
-        pl_module.public_data["subspace"] = {"k": self.k, "every_n_steps": self.every_n_steps, "num_tuples": self.num_tuples}
+        record_public(pl_module, "subspace", {"k": self.k, "every_n_steps": self.every_n_steps, "num_tuples": self.num_tuples})
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._refresh(trainer, pl_module)

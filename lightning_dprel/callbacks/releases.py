@@ -29,12 +29,13 @@ def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> t
     return privacy_unit(declared), units
 
 
-def release_delta(pl_module: "pl.LightningModule", given: Optional[float], unit: Any, units: int, *, warn: bool) -> float:
+def release_delta(pl_module: "pl.LightningModule", given: Optional[float], unit: Any, units: int, *, warn: bool,
+                  allow_large: bool = False) -> float:
     """δ of the releases: the callback's or the module's (the one it calibrates to; both given must agree), else 1/(10·n)."""
     declared = getattr(pl_module, "declared_delta", None)
     if declared is not None and given is not None and not math.isclose(declared, given, rel_tol=1e-12):
         raise ValueError(f"PrivacyCallback(delta={given}) contradicts the module's delta={declared}; give one.")
-    return resolve_delta(given if given is not None else declared, unit, units, warn=warn)
+    return resolve_delta(given if given is not None else declared, unit, units, warn=warn, allow_large=allow_large)
 
 
 def check_planned_releases(pl_module: "pl.LightningModule", planned: list, unit: Any, ledger: PrivacyLedger, *,

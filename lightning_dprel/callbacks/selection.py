@@ -18,6 +18,8 @@ import torch
 from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
+from lightning_dprel.callbacks.public import record_public
+
 __all__ = ["ValidationSelection"]
 
 _MONITORS = ("mrr", "prec1")
@@ -45,6 +47,9 @@ class ValidationSelection(Callback):
         best_step: the step of the selected candidate (0 = the base model, or the public warm start).
         best_candidate: ``"base"`` (the untouched base model), ``"step 0"`` (after :class:`PublicWarmStart`) or ``"step N"``.
     """
+
+    #: It scores the datamodule's public validation data itself (its ``monitor`` is not a logged training metric).
+    monitors_public_data = True
 
     def __init__(
         self,
@@ -138,11 +143,11 @@ class ValidationSelection(Callback):
         if not isinstance(public_data, dict):
             return
         dm = trainer.datamodule
-        public_data["selection"] = {
+        record_public(pl_module, "selection", {
             "step": self.best_step, "candidate": self.best_candidate, "monitor": self.monitor, "score": self.best_score,
             "candidates": len(self.history), "validation_graph": validation_graph_name(dm),
             "validation_public": bool(getattr(dm, "has_validation_graph", False)),  # False: the test queries chose
-        }
+        })
 
     def state_dict(self) -> dict[str, Any]:
         return {

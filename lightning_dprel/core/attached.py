@@ -22,19 +22,32 @@ from torch import Tensor, nn
 from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.optim import DPOptimizer
+from lightning_dprel.core.per_example_data import per_example_batch_hooks
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
 from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
-__all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers"]
+__all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers",
+           "attached_ledger", "attached_public_data"]
 
 LEDGER_KEY = "lightning_dprel"
 _LEDGER_ATTR = "_lightning_dprel_ledger"
+_PUBLIC_ATTR = "_lightning_dprel_public_data"
 #: What only the library's layers state; a plain LightningModule that defines them is refused (they were faked before).
 HAND_MADE_FACTS = ("noise_spec", "privacy_ledger", "set_noise_multiplier", "sampling_spec")
 #: Units whose examples are rows or tuples: message passing across them mixes units.
 _ROW_UNITS = ("example", "entity")
+#: Why a user's step can fail when run on one example alone inside ``torch.func`` (the per-example gradients).
+STEP_FAILED = (
+    "{name}.training_step failed when run {how}: {err}. Steps that cannot be made private this way: one that calls "
+    "backward() or an optimizer itself (a second model trained inside the step), gradient checkpointing, in-place "
+    "writes to a buffer or an attribute of the module, or a custom autograd.Function without vmap support. Train one "
+    "model per step, through the loss it returns, and keep the step free of side effects."
+)
+_VMAP = "on one example alone under torch.func (vmap of grad), as the per-example gradients need"
+_CHECK = ("on the batch and on each example alone under torch.no_grad (the check that the batch's loss is the mean or "
+          "the sum of the examples')")
 #: The warning of ``log_private_metrics=True``: the user's training logs are computed on the private batch without noise.
 PRIVATE_METRICS_WARNING = (
     "PrivacyCallback(log_private_metrics=True): your training_step's logs and returned loss are computed on the private "
@@ -122,6 +135,7 @@ class AttachedDPSGD:
         self._layers = tapped_layers(module, self.params)  # nn.Linear layers whose per-example gradients are not formed
         self.view: ExampleView | None = None
         self.sampling: SamplingSpec | None = None
+        self._restore_hooks = lambda: None
         self._checked_reduction = False
         self._fit_opened = False
         self._step = module.training_step  # the user's, bound
@@ -137,20 +151,29 @@ class AttachedDPSGD:
         self.dp.set_noise_multiplier(float(sigma))
 
     def prepare(self, sampling: SamplingSpec, view: ExampleView) -> None:
-        """Take the sampler's spec, its example view and the unit's mechanism; refuse mixing layers (before step 1)."""
+        """Take the sampler's spec, its example view and the unit's mechanism; refuse mixing layers; run overridden
+        batch hooks on each example alone (before step 1)."""
         refuse_mixing_layers(self.module, sampling.privacy_unit)
         mechanism = default_mechanism(sampling.privacy_unit)
         if self.dp.noise_spec.accounting != mechanism:
             self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
         self.view, self.sampling = view, sampling
+        self._restore_hooks()
+        self._restore_hooks = per_example_batch_hooks(self.trainer, self.module, view)
 
     def open_fit(self, sampling: SamplingSpec, noise: NoiseSpec | None = None) -> None:
-        """Open the ledger for this fit's sampling and check the mechanism for its unit (once per fit)."""
+        """Open the ledger for this fit's sampling, check the mechanism for its unit and charge the releases recorded on
+        the datamodule's data, each once (once per fit)."""
         if self._fit_opened:
             return
         self.privacy_ledger.open(sampling)
         if noise is not None:
             self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
+        dm = self.trainer.datamodule
+        self.privacy_ledger.charge_data_releases(getattr(dm, "data_releases", ()))
+        public = getattr(dm, "public_data", None)
+        if isinstance(public, dict):  # what the data declares public (privacy.json), e.g. validation entities
+            self.module.__dict__[_PUBLIC_ATTR] = dict(public)
         self._fit_opened = True
 
     def _charge(self, record: Any) -> None:
@@ -166,11 +189,17 @@ class AttachedDPSGD:
         size = self.view.size(batch)
         if size and not self._checked_reduction:
             self.check_reduction(batch, batch_idx)
-        result = None
-        if size and self.view.stacks and self._layers:  # ghost norms of the Linear layers, each example still alone
-            result = user_step_tapped_grads(self.module, self._step, self.view, batch, batch_idx, self.params, self._layers)
-        if result is None:
-            result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params, chunk_size=self.chunk_size)
+        try:
+            result = None
+            if size and self.view.stacks and self._layers:  # ghost norms of the Linear layers, each example still alone
+                result = user_step_tapped_grads(self.module, self._step, self.view, batch, batch_idx, self.params,
+                                                self._layers)
+            if result is None:
+                result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params,
+                                         chunk_size=self.chunk_size)
+        except RuntimeError as err:
+            raise RuntimeError(STEP_FAILED.format(name=type(self.module).__name__, err=err, how=_VMAP)
+                               + _about(self.view)) from err
         self.dp.record(result.grads, max_freq=None, expected_batch_size=self.sampling.expected_batch_size)
         if not size or not self.log_private_metrics:  # the batch's loss is private: Lightning gets 0, the user's logs none
             return torch.zeros((), device=next(iter(self.params.values())).device)
@@ -185,11 +214,17 @@ class AttachedDPSGD:
         module = self.module
         modes = {m: m.training for m in module.modules()}
         module.eval()  # dropout off (nn.Dropout and attention's own); BatchNorm is refused before
+        rng = _RandomStates()  # every run draws what the first drew: a branch taken at random is taken alike
         try:
             with torch.no_grad(), quiet_logging(module):
                 full = float(step_loss(self._step(batch, batch_idx)))
-                alone = torch.stack([step_loss(self._step(ex, batch_idx)) for ex in self.view.examples(batch)]).double()
+                alone = torch.stack([step_loss(rng.replay(self._step, ex, batch_idx))
+                                     for ex in self.view.examples(batch)]).double()
+        except RuntimeError as err:
+            raise RuntimeError(STEP_FAILED.format(name=type(module).__name__, err=err, how=_CHECK)
+                               + _about(self.view)) from err
         finally:
+            rng.restore()
             for m, mode in modes.items():
                 m.train(mode)
         mean, total = float(alone.mean()), float(alone.sum())
@@ -199,6 +234,7 @@ class AttachedDPSGD:
                 "the examples' losses computed alone: a layer mixes examples (batch statistics, attention or message "
                 "passing across the batch) or the loss is not a per-example sum or mean (e.g. a contrastive loss over "
                 "the batch). DP-SGD clips each example's gradient alone; make each example's loss depend on it only."
+                + _about(self.view)
             )
 
     # --- checkpoints and teardown ----------------------------------------------------------------------
@@ -207,9 +243,52 @@ class AttachedDPSGD:
         return {"ledger": self.privacy_ledger.state_dict()}
 
     def detach(self) -> None:
-        """Give the module its own ``training_step`` and ``backward`` back (the ledger stays readable here)."""
+        """Give the module its own ``training_step``, ``backward`` and batch hooks back (its ledger stays readable)."""
         self.module.__dict__.pop("training_step", None)
         self.module.__dict__.pop("backward", None)
+        self._restore_hooks()
+
+
+def attached_ledger(module: Any) -> PrivacyLedger | None:
+    """The ledger PrivacyCallback attached to a plain module (None if it never trained privately)."""
+    return module.__dict__.get(_LEDGER_ATTR)
+
+
+def attached_public_data(module: Any) -> dict:
+    """What the data a plain module trained on declares public (its datamodule's ``public_data``)."""
+    return dict(module.__dict__.get(_PUBLIC_ATTR, {}))
+
+
+class _RandomStates:
+    """Python's, NumPy's and torch's random states, taken once: replayed before each run, restored at the end."""
+
+    def __init__(self) -> None:
+        import random
+
+        import numpy as np
+
+        self.states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def _set(self) -> None:
+        import random
+
+        import numpy as np
+
+        random.setstate(self.states[0])
+        np.random.set_state(self.states[1])
+        torch.set_rng_state(self.states[2])
+
+    def replay(self, fn: Any, *args: Any) -> Any:
+        self._set()
+        return fn(*args)
+
+    restore = _set
+
+
+def _about(view: ExampleView) -> str:
+    """What one example is, for an error about the user's step (empty where the view has nothing to add)."""
+    said = view.describe()
+    return f" {said}" if said else ""
 
 
 def _no_backward(*args: Any, **kwargs: Any) -> None:

@@ -46,23 +46,24 @@ DELTA_TIMES_UNITS_WARN = 0.5
 
 
 def resolve_delta(delta: float | None, unit: Any, units: int, *, num_edges: int | None = None, warn: bool,
-                  who: str = "PrivacyCallback: ") -> float:
-    """δ, by default for entities the paper's 1/m (capped relations), for other units 1/(10·n); warns unless δ is well
-    below 1/n (n·δ > 1/2: one of the n units could be released outright with probability about n·δ)."""
+                  who: str = "PrivacyCallback: ", allow_large: bool = False) -> float:
+    """δ, by default for entities the paper's 1/m (capped relations) when it is below 1/n, else 1/(10·n); refuses
+    n·δ ≥ 1 unless ``allow_large`` (one of the n units could be released outright with probability about n·δ) and
+    warns unless δ is well below 1/n."""
     n = int(units)  # ``unit``: a PrivacyUnit (its name and what it counts); core.specs imports this module
     if delta is None:
-        delta = 1.0 / num_edges if unit.name == "entity" and num_edges else 1.0 / (10 * n)
+        delta = 1.0 / num_edges if unit.name == "entity" and num_edges and num_edges > n else 1.0 / (10 * n)
     delta = check_delta(delta)
+    how = "not below" if delta * n >= 1.0 else "not well below"
+    said = (f"{who}δ = {delta:.3g} is {how} 1/n = {1.0 / n:.3g} (n = {n} {unit.counted_as}). The privacy unit is "
+            f"{unit.name!r}, so a δ near or above 1/n allows releasing one unit outright (n·δ = {n * delta:.2g})")
+    if delta * n >= 1.0 and not allow_large:
+        raise ValueError(f"{said}: no meaningful guarantee. Pass a smaller `delta` (e.g. 1/(10·n) = {0.1 / n:.3g}), "
+                         "or allow_large_delta=True to report such a δ anyway.")
     if warn and delta * n > DELTA_TIMES_UNITS_WARN:
         from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
-        how = "not below" if delta * n >= 1.0 else "not well below"
-        rank_zero_warn(
-            f"{who}δ = {delta:.3g} is {how} 1/n = {1.0 / n:.3g} (n = {n} {unit.counted_as}). The privacy unit is "
-            f"{unit.name!r}, so a δ near or above 1/n allows releasing one unit outright (n·δ = {n * delta:.2g}); pass "
-            "a smaller `delta` (e.g. 1/(10·n)) for a meaningful guarantee.",
-            category=UserWarning,
-        )
+        rank_zero_warn(f"{said}; pass a smaller `delta` (e.g. 1/(10·n)) for a meaningful guarantee.", category=UserWarning)
     return delta
 
 

@@ -125,6 +125,11 @@ class PrivacyLedger:
         self._release_ids.add(str(release_id))
         return True
 
+    def charge_data_releases(self, releases: Any) -> None:
+        """Charge the releases made on a datamodule's data ((id, event) pairs that travel with it), each once."""
+        for release_id, event in releases:
+            self.charge_once(event, release_id)
+
     def _charge_step(self, step: SampledGaussianStep) -> None:
         sampling = self.sampling
         record = step.records[-1]

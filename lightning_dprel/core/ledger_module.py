@@ -27,7 +27,8 @@ from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
 
-__all__ = ["LedgerModule", "privacy_delta", "EXPORT_FORMAT"]
+__all__ = ["LedgerModule", "privacy_delta", "EXPORT_FORMAT", "ledger_delta", "ledger_epsilon", "ledger_bounds",
+           "ledger_report", "write_release"]
 
 #: The format tag of an export folder's ``model.json``.
 EXPORT_FORMAT = "lightning_dprel.export/1"
@@ -44,6 +45,90 @@ def privacy_delta(module: Any) -> float | None:
 
 def _number(x: float) -> float | str:
     return x if math.isfinite(x) else "inf"
+
+
+def ledger_delta(ledger: PrivacyLedger, delta: float | None) -> float | None:
+    """δ of a ledger's reports: ``delta`` if given, else the unit's default for the last fit's sampling, else None."""
+    if delta is not None:
+        return float(delta)
+    samplings = [s.sampling for s in ledger.segments if s.sampling is not None]
+    if not samplings:
+        return None
+    from lightning_dprel.core.checks import resolve_delta
+
+    last = samplings[-1]
+    return resolve_delta(None, last.unit, last.units, num_edges=last.num_edges, warn=False)
+
+
+def ledger_epsilon(ledger: PrivacyLedger, delta: float | None) -> float:
+    """ε of everything in ``ledger`` at δ (``inf`` after an un-noised step; 0 before any release or without a δ)."""
+    if delta is None:
+        return math.inf if ledger.unprotected_steps else 0.0
+    return float(ledger.epsilon(delta))
+
+
+def ledger_bounds(ledger: PrivacyLedger, delta: float | None) -> dict[str, Any] | None:
+    """``privacy.json``'s ``epsilon_bounds``: both valid bounds at δ and which one ε is (None without a δ)."""
+    if delta is None:
+        return None
+    if math.isinf(ledger_epsilon(ledger, delta)):
+        return {"bound": "none", "rdp": _number(math.inf), "pld": None}
+    b = ledger.epsilon_bounds(delta)
+    return {"bound": b["bound"], "rdp": _number(b["rdp"]), "pld": None if b["pld"] is None else _number(b["pld"])}
+
+
+def ledger_report(ledger: PrivacyLedger, delta: float | None, *, epsilon: float, bounds: dict[str, Any] | None,
+                  details: dict[str, Any], seeded: bool = False, claims: dict[str, Any] | None = None,
+                  public_data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``privacy.json`` of any private model: ε at δ, the unit, the mechanism, what the ledger holds, what was public."""
+    from lightning_dprel.accounting.mechanisms import get_mechanism
+
+    details = dict(details)
+    mechanism = details.pop("mechanism", None) or ledger.private_mechanism
+    unit = None
+    if ledger.unit is not None:
+        from lightning_dprel.core.specs import privacy_unit
+
+        unit = str(privacy_unit(ledger.unit))
+    elif mechanism is not None:
+        try:
+            unit = get_mechanism(mechanism).privacy_unit
+        except ValueError:  # "none" (the non-private baseline) or a method's own label
+            unit = None
+    return {
+        "epsilon": _number(epsilon),
+        "delta": delta,
+        "epsilon_bounds": bounds,
+        "steps": ledger.steps,
+        "private_steps": ledger.private_steps,
+        "unprotected_steps": ledger.unprotected_steps,
+        "noise_multiplier": ledger.last_noise_multiplier,
+        "mechanism": mechanism,
+        "accounting": _label(mechanism),
+        "privacy_unit": unit,
+        **details,
+        "seeded_noise": seeded,
+        "note": "the noise came from a public seed: anyone who knows it can remove it, so no epsilon holds"
+        if seeded else "epsilon covers every release in ledger.json (all fits of this model)",
+        **({"published_claim": claims} if claims else {}),
+        **({"public_data": public_data} if public_data else {}),
+    }
+
+
+def write_release(folder: Path, module: Any, weights: dict[str, Tensor], meta: dict[str, Any], report: dict[str, Any],
+                  ledger: PrivacyLedger) -> Path:
+    """Write ``weights.safetensors``, ``model.json``, ``privacy.json`` and ``ledger.json`` (no secret) to ``folder``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+    save_file(weights, str(folder / "weights.safetensors"), metadata={"format": "pt"})
+    meta = {"format": EXPORT_FORMAT, "class_path": f"{type(module).__module__}.{type(module).__name__}",
+            **meta, "weights": "weights.safetensors", "trainable_parameters": sorted(weights)}
+    (folder / "model.json").write_text(json.dumps(meta, indent=2, default=str))
+    (folder / "privacy.json").write_text(json.dumps(report, indent=2, default=str))
+    (folder / "ledger.json").write_text(json.dumps(ledger.state_dict(), indent=2))
+    return folder
 
 
 class LedgerModule(LightningModule):
@@ -114,8 +199,7 @@ class LedgerModule(LightningModule):
 
     def charge_data_releases(self, datamodule: Any) -> None:
         """Charge the releases made on ``datamodule``'s data before training (each once per model)."""
-        for release_id, event in getattr(datamodule, "data_releases", ()):
-            self.privacy_ledger.charge_once(event, release_id)
+        self.privacy_ledger.charge_data_releases(getattr(datamodule, "data_releases", ()))
 
     @property
     def is_private(self) -> bool:
@@ -147,36 +231,19 @@ class LedgerModule(LightningModule):
     # --- what the model spent ---------------------------------------------------------------------------
     def report_delta(self, delta: float | None = None) -> float | None:
         """δ of this model's reports: the argument, else the privacy callback's or the saved one, else the unit's default."""
-        if delta is not None:
-            return float(delta)
-        found = privacy_delta(self)
-        if found is not None:
-            return found
-        samplings = [s.sampling for s in self.privacy_ledger.segments if s.sampling is not None]
-        if samplings:
-            from lightning_dprel.core.checks import resolve_delta
-
-            return resolve_delta(None, samplings[-1].unit, samplings[-1].units, num_edges=samplings[-1].num_edges, warn=False)
-        return None
+        return ledger_delta(self.privacy_ledger, delta if delta is not None else privacy_delta(self))
 
     def epsilon(self, delta: float | None = None) -> float:
         """ε of everything in the ledger at δ (``inf`` after an un-noised step; 0 before any release)."""
-        delta = self.report_delta(delta)
-        ledger = self.privacy_ledger
-        if delta is None:
-            return math.inf if ledger.unprotected_steps else 0.0
-        return float(ledger.epsilon(delta))
+        return ledger_epsilon(self.privacy_ledger, self.report_delta(delta))
 
     def epsilon_bounds(self, delta: float | None = None) -> dict[str, Any] | None:
         """Both valid upper bounds at δ and which one :meth:`epsilon` reports (``privacy.json``'s ``epsilon_bounds``):
         ``{"bound": "pld" | "rdp", "rdp": ε, "pld": ε or None (no proven dominating pair)}``; None without a δ."""
         delta = self.report_delta(delta)
-        if delta is None:
-            return None
-        if math.isinf(self.epsilon(delta)):  # an un-noised release (or a view the method does not cover): no bound
+        if delta is not None and math.isinf(self.epsilon(delta)):  # an un-noised release, or a view not covered
             return {"bound": "none", "rdp": _number(math.inf), "pld": None}
-        b = self.privacy_ledger.epsilon_bounds(delta)
-        return {"bound": b["bound"], "rdp": _number(b["rdp"]), "pld": None if b["pld"] is None else _number(b["pld"])}
+        return ledger_bounds(self.privacy_ledger, delta)
 
     def privacy_details(self) -> dict[str, Any]:
         """This model's own fields of ``privacy.json`` (σ, C, clipping; PATE's queries and thresholds)."""
@@ -188,42 +255,10 @@ class LedgerModule(LightningModule):
 
     def privacy_report(self, *, delta: float | None = None) -> dict[str, Any]:
         """``privacy.json``: ε at δ, the unit, the mechanism, what the ledger holds, and any published claim."""
-        from lightning_dprel.accounting.mechanisms import get_mechanism
-
-        ledger = self.privacy_ledger
         delta = self.report_delta(delta)
-        details = self.privacy_details()
-        mechanism = details.pop("mechanism", None) or ledger.private_mechanism
-        unit = None
-        if ledger.unit is not None:
-            from lightning_dprel.core.specs import privacy_unit
-
-            unit = str(privacy_unit(ledger.unit))
-        elif mechanism is not None:
-            try:
-                unit = get_mechanism(mechanism).privacy_unit
-            except ValueError:  # "none" (the non-private baseline) or a method's own label
-                unit = None
-        seeded = self.hparams.get("noise_seed") is not None
-        claims = self.privacy_claims()
-        return {
-            "epsilon": _number(self.epsilon(delta)),
-            "delta": delta,
-            "epsilon_bounds": self.epsilon_bounds(delta),
-            "steps": ledger.steps,
-            "private_steps": ledger.private_steps,
-            "unprotected_steps": ledger.unprotected_steps,
-            "noise_multiplier": ledger.last_noise_multiplier,
-            "mechanism": mechanism,
-            "accounting": _label(mechanism),
-            "privacy_unit": unit,
-            **details,
-            "seeded_noise": seeded,
-            "note": "the noise came from a public seed: anyone who knows it can remove it, so no epsilon holds"
-            if seeded else "epsilon covers every release in ledger.json (all fits of this model)",
-            **({"published_claim": claims} if claims else {}),
-            **({"public_data": self.public_data} if self.public_data else {}),
-        }
+        return ledger_report(self.privacy_ledger, delta, epsilon=self.epsilon(delta), bounds=self.epsilon_bounds(delta),
+                             details=self.privacy_details(), seeded=self.hparams.get("noise_seed") is not None,
+                             claims=self.privacy_claims(), public_data=self.public_data)
 
     def privacy_summary(self, *, target: float | None = None) -> dict[str, Any] | None:
         """The CLI's privacy line (``{"text": ...}`` and the numbers), or None when nothing was released."""
@@ -254,19 +289,11 @@ class LedgerModule(LightningModule):
 
     def export(self, folder: str | Path, *, delta: float | None = None) -> Path:
         """Write ``weights.safetensors``, ``model.json``, ``privacy.json`` and ``ledger.json`` (no secret) to ``folder``."""
-        from safetensors.torch import save_file
-
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.released_weights().items()}
-        save_file(weights, str(out / "weights.safetensors"), metadata={"format": "pt"})
         self.export_files(out)
-        meta = {"format": EXPORT_FORMAT, "class_path": f"{type(self).__module__}.{type(self).__name__}",
-                **self.export_meta(), "weights": "weights.safetensors", "trainable_parameters": sorted(weights)}
-        (out / "model.json").write_text(json.dumps(meta, indent=2, default=str))
-        (out / "privacy.json").write_text(json.dumps(self.privacy_report(delta=delta), indent=2, default=str))
-        (out / "ledger.json").write_text(json.dumps(self.privacy_ledger.state_dict(), indent=2))
-        return out
+        return write_release(out, self, self.released_weights(), self.export_meta(), self.privacy_report(delta=delta),
+                             self.privacy_ledger)
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 :class:`DPDataLoader` replaces a ``DataLoader(dataset, batch_size=b, shuffle=True)``: every step keeps each row
 independently with probability q = b/N, drawn from the secret keyed stream (never replayed; a seed makes it
-reproducible for tests and warns). Under DDP every rank draws the same global sample and keeps its share, so the
+reproducible for tests and warns). A user's ``collate_fn`` runs on each example alone (:class:`PerExampleCollate`).
+Under DDP every rank draws the same global sample and keeps its share, so the
 clipped sums the DP optimizer all-reduces are the global batch's. It states its :attr:`sampling_spec` (unit
 ``example``: one row, add/remove) and its :attr:`example_view` for the privacy callback.
 """
@@ -19,6 +20,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.example_views import TensorRows, empty_like_rows
+from lightning_dprel.core.per_example_data import PerExampleCollate
 from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
 from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
 
@@ -74,7 +76,9 @@ class DPDataLoader(DataLoader):
     Args:
         dataset: a map-style dataset of N examples, one per privacy unit (one person's row).
         batch_size: b, the *expected* batch size (q = b/N); the private step divides by b.
-        collate_fn: as ``DataLoader``'s (default: ``default_collate``).
+        collate_fn: as ``DataLoader``'s (default: ``default_collate``). Another collate runs on each example alone and
+            the results are concatenated (each row its own example's); one whose whole-batch result differs (it mixes
+            examples: batch normalisation, mixup) is refused at the first batch.
         seed: None (default: secret key from the OS) or a public seed (reproducible, voids the guarantee, warns).
         pin_memory: as ``DataLoader``'s.
 
@@ -101,7 +105,8 @@ class DPDataLoader(DataLoader):
 
             warnings.warn(SEEDED_WARNING.format(what=f"DPDataLoader(seed={seed})"), UserWarning, stacklevel=2)
         stream = KeyedStream.secret("poisson_rows") if seed is None else KeyedStream.seeded(seed, "poisson_rows", warn=False)
-        self.batches = PoissonSampledBatches(dataset, batch_size, collate_fn or default_collate, stream)
+        collate = default_collate if collate_fn in (None, default_collate) else PerExampleCollate(collate_fn)
+        self.batches = PoissonSampledBatches(dataset, batch_size, collate, stream)
         super().__init__(self.batches, batch_size=None, pin_memory=pin_memory)
         self.example_view = TensorRows()
 

@@ -190,6 +190,10 @@ class DPPromptTuning(PrivateModule):
 
         return self.grad_sampler.stacked(trainable_parameters(self.model), losses_of, examples.size).grads
 
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self._features()  # the data's x converted before training: a cache filled mid-fit reads as a moved attribute
+
     def _features(self) -> Tensor:
         """The datamodule's x on this module's device and dtype, converted once (not on every step)."""
         x, dtype = self.trainer.datamodule.data.x, next(self.encoder.parameters()).dtype

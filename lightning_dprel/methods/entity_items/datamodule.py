@@ -229,7 +229,8 @@ class EntityItemDataModule(SteppedDataModule):
 
     @property
     def public_data(self) -> dict[str, Any]:
-        """What is public, for ``privacy.json``: the items, their graph and the validation entities."""
+        """What is public, for ``privacy.json``: the items, their graph and the validation entities (not protected)."""
         return {"items": f"{len(self.item_ids)} items ({self.relation[2]}) and their texts",
                 "item_graph": f"{self.item_graph.size(1)} item-item relations",
-                "validation_entities": int((self.part == 1).sum())}
+                "validation_entities": f"{int((self.part == 1).sum())} {self.relation[0]} entities declared public for "
+                                       "model selection: not protected"}

@@ -26,8 +26,10 @@ def gaussian_sigma_for(epsilon: float, delta: float) -> float:
 def dp_item_popularity(dm, epsilon: float, delta: float, *, ledger=None, seed: int | None = None) -> tuple[Tensor, object]:
     """Noised counts ``[n_items]`` of the training entities' kept items, and the ledger charged for them.
 
-    ``dm`` is a set-up :class:`~lightning_dprel.methods.entity_items.datamodule.EntityItemDataModule`; ``ledger`` (a
-    :class:`~lightning_dprel.core.ledger.PrivacyLedger`, new if None) is charged one Gaussian release for its unit.
+    ``dm`` is a set-up :class:`~lightning_dprel.methods.entity_items.datamodule.EntityItemDataModule`; the release is
+    recorded on it (``dm.record_release``), so every model that trains on ``dm`` (an item prior made from these counts)
+    is charged for it once; ``ledger`` (a :class:`~lightning_dprel.core.ledger.PrivacyLedger`, new if None) is charged
+    the same release (by the same id: a model's ledger passed here is not charged twice).
     """
     from lightning_dprel.core.ledger import PrivacyLedger
 
@@ -35,6 +37,7 @@ def dp_item_popularity(dm, epsilon: float, delta: float, *, ledger=None, seed: i
     counts = torch.bincount(dm.train_pairs[1], minlength=len(dm.item_ids)).double()
     stream = KeyedStream.secret("dp_popularity") if seed is None else KeyedStream.seeded(seed, "dp_popularity")
     noise = stream.normal(counts.numel(), std=sigma * math.sqrt(dm.max_relations), dtype=torch.float64)
+    event = GaussianRelease(sigma, dm.privacy_unit)
     ledger = PrivacyLedger() if ledger is None else ledger
-    ledger.charge(GaussianRelease(sigma, dm.privacy_unit))
+    ledger.charge_once(event, dm.record_release(event))
     return (counts + noise).float(), ledger
