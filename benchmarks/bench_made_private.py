@@ -16,7 +16,9 @@ period), warm-up steps dropped, median over the steps of every round; non-privat
 fresh Trainer, so a shared machine's load falls on both. The breakdown comes from one more private fit in which library
 functions are wrapped by timers here (exclusive times, median per step; the library is not edited). 
 
-Usage: ``python benchmarks/bench_made_private.py [--quick] [--threads 1]``. Writes ``benchmarks/results/made_private_cpu.json``.
+Usage: ``python benchmarks/bench_made_private.py [--quick] [--threads 1] [--out PATH]``. Writes
+``benchmarks/results/made_private_cpu.json``. ``benchmarks/bench_against_commit.py`` runs it against an earlier commit's
+library, side by side.
 """
 
 from __future__ import annotations
@@ -254,6 +256,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 round, fewer steps (< 40 s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared box)")
     parser.add_argument("--models", default="mlp,transformer")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"the JSON to write (default {RESULTS})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*(does not have many workers|enable_nested_tensor|LeafSpec).*")
@@ -306,9 +309,9 @@ def main() -> None:
         print()
     record["load_average_end"] = os.getloadavg()[0]
     record["wall_s"] = time.perf_counter() - t_start
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=1, ensure_ascii=False))
-    print(f"wall {record['wall_s']:.0f} s; wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1, ensure_ascii=False))
+    print(f"wall {record['wall_s']:.0f} s; wrote {args.out}")
 
 
 if __name__ == "__main__":
