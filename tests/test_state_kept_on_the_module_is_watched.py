@@ -125,3 +125,22 @@ def test_constants_on_the_module_and_values_validation_keeps_are_not_releases():
     public = TensorDataset(torch.randn(30, 8, generator=torch.Generator().manual_seed(1)), Y[:30].clone())
     _fit(model, cb, val=DataLoader(public, batch_size=30), val_check_interval=2)
     assert cb.steps == 4 and 0 < cb.epsilon < float("inf") and isinstance(model.last_val, float)
+
+
+class EditsThenDeclaresPublic(pl.Callback):
+    """An edit from the batch, then a public_update block (as a public-data callback would run after it)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from lightning_dprel.callbacks import public_update
+
+        with torch.no_grad():
+            pl_module.net[0].bias.copy_(batch[0].mean(0).repeat(2))
+        with public_update(pl_module):
+            pass
+
+
+def test_public_update_declares_only_its_own_body_and_checks_what_moved_before_it():
+    cb = _callback()
+    with pytest.raises(RuntimeError, match=r"changed without a charged private release \(e.g. \['net.0.bias'\]\)"):
+        _fit(MLP(), cb, callbacks=[EditsThenDeclaresPublic()])
+    assert cb.epsilon == float("inf") and cb.steps == 1

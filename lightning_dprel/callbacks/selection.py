@@ -19,6 +19,7 @@ from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
 from lightning_dprel.callbacks.public import record_public
+from lightning_dprel.core.update_watch import public_update
 
 __all__ = ["ValidationSelection"]
 
@@ -88,7 +89,8 @@ class ValidationSelection(Callback):
             return
         if candidate is None:
             self._last_step = step
-        metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
+        with public_update(pl_module):  # the public validation graph (its embeddings may be cached on the module)
+            metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
         record = {"step": step, "prec1": metrics["prec1"], "mrr": metrics["mrr"]}
         if candidate is not None:
             record["candidate"] = candidate
@@ -128,7 +130,7 @@ class ValidationSelection(Callback):
         self._evaluate(trainer, pl_module, log=False)  # the last step, when it is not a multiple of every_n_steps
         if self.restore_best and self._best_state is not None:
             params = dict(pl_module.named_parameters())
-            with torch.no_grad():
+            with torch.no_grad(), public_update(pl_module):  # a released iterate (or the public base): post-processing
                 for name, value in self._best_state.items():
                     params[name].copy_(value.to(params[name].device))
             self._record(trainer, pl_module)

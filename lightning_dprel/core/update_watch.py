@@ -127,8 +127,12 @@ def _same(a: Any, b: Any) -> bool:
 
 @contextlib.contextmanager
 def public_update(module: nn.Module) -> Iterator[None]:
-    """Declare the body's parameter updates public: they read public data or released values only (post-processing),
-    so no release is charged; the watch takes the parameters after them as its new base."""
+    """Declare the body's updates of ``module`` public: they read public data or released values only (post-processing),
+    so no release is charged; the watch takes the state after them as its new base. What moved before the body is
+    checked first (it is not declared by it)."""
+    watch = module.__dict__.get(_WATCH)
+    if watch is not None:
+        watch.check(type(module).__name__)
     try:
         yield
     finally:
