@@ -64,7 +64,7 @@ def export_model(module: Any, folder: str | Path, *, delta: float | None = None)
 
 
 def _export_made_private(module: Any, folder: Path, delta: float | None) -> Path:
-    from lightning_dprel.core.attached import attached_ledger, attached_public_data
+    from lightning_dprel.core.attached import attached_ledger, attached_public_data, released_unchanged
     from lightning_dprel.core.ledger_module import ledger_bounds, ledger_delta, ledger_epsilon, ledger_report, write_release
 
     ledger = attached_ledger(module)
@@ -72,6 +72,12 @@ def _export_made_private(module: Any, folder: Path, delta: float | None) -> Path
         raise ValueError(
             f"{type(module).__name__} has no privacy ledger: it was never trained with PrivacyCallback (or is not a "
             "lightning_dprel model), so no ε can be reported for it. Train it with PrivacyCallback, then export."
+        )
+    if not released_unchanged(module):
+        raise ValueError(
+            f"The weights of {type(module).__name__} changed after its last private fit (a fit without PrivacyCallback, "
+            "or an edit after fit): its ledger does not describe them, so no ε can be reported. Export right after "
+            "the private fit, or fit again with PrivacyCallback (the ledger continues)."
         )
     delta = ledger_delta(ledger, delta if delta is not None else privacy_delta(module))
     epsilon = ledger_epsilon(ledger, delta)

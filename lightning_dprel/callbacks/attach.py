@@ -12,8 +12,8 @@ from typing import Any, Optional
 from lightning_dprel.callbacks.outputs import (
     TrainingLogGuard, check_validation_disjoint, refuse_training_monitors, validation_runs,
 )
-from lightning_dprel.core.update_watch import UpdateWatch
-from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD
+from lightning_dprel.core.update_watch import UpdateWatch, declare_public
+from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD, mark_released
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.specs import SamplingSpec
@@ -140,13 +140,20 @@ def _remove_guard(pl_module: Any) -> None:
         guard.remove()
 
 
-def watch_updates(trainer: Any, pl_module: Any, ledger: Any) -> UpdateWatch:
-    """An :class:`UpdateWatch` of ``pl_module``, rebased by every DP optimizer's step (after its release is charged)."""
-    watch = UpdateWatch(pl_module, ledger)
+def watch_updates(trainer: Any, pl_module: Any, ledger: Any, *, keep_logs: bool = False) -> UpdateWatch:
+    """An :class:`UpdateWatch` of ``pl_module``, rebased by every DP optimizer's step (after its release is charged);
+    the updates Lightning's schedulers, SWA and fine-tuning callbacks make from public facts are declared public."""
+    from pytorch_lightning.callbacks import BaseFinetuning, StochasticWeightAveraging
+
+    watch = UpdateWatch(pl_module, ledger, reset_metrics=not keep_logs)
     for opt in trainer.optimizers:
         dp = getattr(opt, "optimizer", opt)
         if isinstance(dp, DPOptimizer):
             watch.watch_releases_of(dp)
+    watch.on_close.append(declare_public(pl_module, pl_module, "lr_scheduler_step"))
+    for cb in trainer.callbacks:
+        if isinstance(cb, (StochasticWeightAveraging, BaseFinetuning)):
+            watch.on_close.append(declare_public(pl_module, cb, "on_train_epoch_start"))
     return watch
 
 
@@ -155,6 +162,8 @@ def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch], *, fai
     after an error (``failed``), whatever moved since the last charged release reads ε = ∞."""
     if isinstance(layer, AttachedDPSGD):
         layer.detach()
+        if not failed:
+            mark_released(pl_module)
     _remove_guard(pl_module)
     if watch is not None:
         if failed:

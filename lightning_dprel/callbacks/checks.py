@@ -28,6 +28,20 @@ def check_trainer(trainer: "pl.Trainer") -> None:
             "min_epochs are done, so training could run past the privacy budget. Remove min_epochs."
         )
     refuse_unsafe_trainer_settings(trainer)
+    from pytorch_lightning.callbacks import GradientAccumulationScheduler
+
+    if any(isinstance(cb, GradientAccumulationScheduler) for cb in trainer.callbacks):
+        raise ValueError(
+            "PrivacyCallback refuses GradientAccumulationScheduler: it would split one sampled batch's step over "
+            "several batches, while one optimizer step must use exactly one Poisson sample. Raise the expected batch "
+            "size instead."
+        )
+    if trainer.reload_dataloaders_every_n_epochs:
+        raise ValueError(
+            f"PrivacyCallback refuses `Trainer(reload_dataloaders_every_n_epochs="
+            f"{trainer.reload_dataloaders_every_n_epochs})`: a reloaded loader may sample at another rate or from "
+            "other data than the fit's charged sampling. Fit again with the new loader (the ledger continues)."
+        )
     if trainer.overfit_batches:
         raise ValueError(
             f"PrivacyCallback refuses `Trainer(overfit_batches={trainer.overfit_batches})`: replaying fixed "

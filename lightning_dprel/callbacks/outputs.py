@@ -36,13 +36,11 @@ def monitored_metrics(trainer: Any) -> list[tuple[str, str]]:
 
 
 def validation_runs(trainer: Any) -> bool:
-    """Whether this fit runs a validation loop (a validation_step, a loader, limit_val_batches > 0)."""
-    from pytorch_lightning.utilities.model_helpers import is_overridden
-
-    if not trainer.limit_val_batches or not is_overridden("validation_step", trainer.lightning_module):
+    """Whether this fit runs a validation loop (Lightning's ``enable_validation``: a validation_step, a loader,
+    limit_val_batches > 0, and the loader gives batches)."""
+    if not trainer.enable_validation:
         return False
-    loop = trainer.fit_loop.epoch_loop.val_loop
-    loop.setup_data()  # idempotent: Lightning runs it before the first validation anyway
+    trainer.fit_loop.epoch_loop.val_loop.setup_data()  # idempotent: Lightning runs it before the first validation anyway
     return bool(trainer.val_dataloaders)
 
 

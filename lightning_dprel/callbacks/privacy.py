@@ -192,7 +192,7 @@ class PrivacyCallback(Callback):
         sampling, noise = self._read_facts(trainer, layer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
-        self._watch = watch_updates(trainer, pl_module, self._ledger)
+        self._watch = watch_updates(trainer, pl_module, self._ledger, keep_logs=self._log_private)
         self._steps_seen = self._ledger.private_steps
         declared = int(getattr(layer, "releases_per_sample", 1))  # noised sums one batch releases on its sample
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
@@ -214,6 +214,7 @@ class PrivacyCallback(Callback):
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
         if self._watch is not None:  # moved between batches (a hook after this callback's, an epoch-end edit)?
             self._watch.check(type(pl_module).__name__)
+            self._watch.seal(batch)  # the batch as sampled: a later hook must not rewrite it (checked at the release)
 
     @override
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -232,7 +233,7 @@ class PrivacyCallback(Callback):
     def on_train_batch_end(
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self.on_train_batch_start(trainer, pl_module, None, batch_idx)
         steps = self._ledger.private_steps
         new_steps, self._steps_seen = steps - self._steps_seen, steps
         if new_steps <= 0:

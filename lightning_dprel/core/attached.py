@@ -13,6 +13,7 @@ loss whose full-batch value is neither the mean nor the sum of the examples' own
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +30,7 @@ from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user
 from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
 __all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers",
-           "attached_ledger", "attached_public_data"]
+           "attached_ledger", "attached_public_data", "mark_released", "released_unchanged", "state_digest"]
 
 LEDGER_KEY = "lightning_dprel"
 _LEDGER_ATTR = "_lightning_dprel_ledger"
@@ -74,7 +75,13 @@ def refuse_mixing_layers(module: nn.Module, unit: str) -> None:
             raise ValueError(
                 f"`{name}` ({type(m).__name__}) normalises with the statistics of the whole batch and updates running "
                 "statistics from private data: one example's gradient depends on the others and no per-example "
-                "clipping bounds it. Replace it with nn.GroupNorm / nn.LayerNorm, or freeze it in eval mode."
+                "clipping bounds it. Replace it with nn.GroupNorm / nn.LayerNorm, or freeze it in eval mode "
+                "(`.eval()` in __init__, on_fit_start or on_train_start)."
+            )
+        if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.training and m.track_running_stats:
+            raise ValueError(
+                f"`{name}` ({type(m).__name__}) updates its running statistics from the private batches without "
+                "noise. Pass track_running_stats=False, or freeze it in eval mode."
             )
         if unit in _ROW_UNITS and type(m).__module__.startswith("torch_geometric.nn") and _is_message_passing(m):
             raise ValueError(
@@ -128,6 +135,7 @@ class AttachedDPSGD:
         frozen = [n for n, p in self.params.items() if not p.requires_grad]
         if frozen:
             raise ValueError(f"The optimizer holds parameters with requires_grad=False ({frozen[:3]}); leave them out.")
+        self.inner = inner
         spec = NoiseSpec(float(noise_multiplier), float(clip_norm), clipping="standard")
         self.dp = DPOptimizer(inner, named_params=self.params, noise_spec=spec, noise=KeyedStream.secret("noise"))
         self.dp.attach_step_hook(self._charge)
@@ -151,9 +159,8 @@ class AttachedDPSGD:
         self.dp.set_noise_multiplier(float(sigma))
 
     def prepare(self, sampling: SamplingSpec, view: ExampleView) -> None:
-        """Take the sampler's spec, its example view and the unit's mechanism; refuse mixing layers; run overridden
-        batch hooks on each example alone (before step 1)."""
-        refuse_mixing_layers(self.module, sampling.privacy_unit)
+        """Take the sampler's spec, its example view and the unit's mechanism; run overridden batch hooks on each
+        example alone (before step 1)."""
         mechanism = default_mechanism(sampling.privacy_unit)
         if self.dp.noise_spec.accounting != mechanism:
             self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
@@ -186,6 +193,8 @@ class AttachedDPSGD:
         the whole batch for its logs (outside the guarantee)."""
         if self.view is None:
             raise RuntimeError("The privacy callback did not open this fit (PrivacyCallback.on_train_start).")
+        refuse_mixing_layers(self.module, self.sampling.privacy_unit)  # every step: a hook may have switched one on
+        self._follow_optimizer()
         size = self.view.size(batch)
         if size and not self._checked_reduction:
             self.check_reduction(batch, batch_idx)
@@ -205,6 +214,18 @@ class AttachedDPSGD:
             return torch.zeros((), device=next(iter(self.params.values())).device)
         with torch.no_grad():
             return self._step(batch, batch_idx)
+
+    def _follow_optimizer(self) -> None:
+        """Train what the optimizer holds now: a parameter group added mid-fit (BaseFinetuning's unfreeze) joins the
+        DP optimizer's parameters, and a parameter frozen mid-fit leaves them (no gradient, no update)."""
+        ids = {id(p) for g in self.inner.param_groups for p in g["params"] if p.requires_grad}
+        if ids == {id(p) for p in self.params.values()}:
+            return
+        self.params = {n: p for n, p in self.module.named_parameters() if id(p) in ids}
+        if len(self.params) != len(ids):
+            raise ValueError("The optimizer holds parameters that are not the module's; optimize the module's parameters.")
+        self.dp.named_params = OrderedDict(self.params)
+        self._layers = tapped_layers(self.module, self.params)
 
     def check_reduction(self, batch: Any, batch_idx: int) -> None:
         """Refuse a full-batch loss that is neither the mean nor the sum of the examples' own (dropout off, once)."""
@@ -247,6 +268,31 @@ class AttachedDPSGD:
         self.module.__dict__.pop("training_step", None)
         self.module.__dict__.pop("backward", None)
         self._restore_hooks()
+
+
+_RELEASED_ATTR = "_lightning_dprel_released"
+
+
+def state_digest(module: Any) -> str:
+    """A digest of the module's parameters and buffers (names, shapes, dtypes, bytes)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def mark_released(module: Any) -> None:
+    """What a private fit of this plain module released: its state at the fit's end (export checks it is unchanged)."""
+    module.__dict__[_RELEASED_ATTR] = state_digest(module)
+
+
+def released_unchanged(module: Any) -> bool:
+    """Whether the module's state is what its last private fit released."""
+    return module.__dict__.get(_RELEASED_ATTR) == state_digest(module)
 
 
 def attached_ledger(module: Any) -> PrivacyLedger | None:

@@ -64,10 +64,28 @@ class ExampleView:
             yield self.one(tree_map(lambda t, i=i: t[i], stacked))
 
 
+def _text_fields(tree: Any, path: str = "batch") -> list[str]:
+    """Paths of the lists or tuples of strings in a batch (named, never shown: they are private)."""
+    if isinstance(tree, Mapping):
+        return [p for k, v in tree.items() for p in _text_fields(v, f"{path}[{k!r}]")]
+    if isinstance(tree, (list, tuple)):
+        if tree and all(isinstance(v, (str, bytes)) for v in tree):
+            return [path]
+        return [p for i, v in enumerate(tree) for p in _text_fields(v, f"{path}[{i}]")]
+    return []
+
+
 class TensorRows(ExampleView):
     """Row i of every tensor of the batch is example i (``TensorDataset``, dicts of tensors)."""
 
     def size(self, batch: Any) -> int:
+        texts = _text_fields(batch)
+        if texts:
+            raise ValueError(
+                f"The private batch holds texts ({', '.join(texts[:3])}): a batch of examples is tensors with one row "
+                "per example, and a per-example step cannot slice texts. Tokenise in the Dataset's __getitem__ or in "
+                "the collate_fn (it runs on each example alone), so the batch holds token ids and masks."
+            )
         sizes = set()
         tree_map(lambda t: sizes.add(int(t.shape[0])) if t.dim() else None, batch)
         if len(sizes) != 1:

@@ -11,13 +11,13 @@ result differs (it mixes examples, or draws randomness per call) is refused with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["concat_examples", "same_batch", "PerExampleCollate", "per_example_batch_hooks", "BATCH_HOOKS"]
+__all__ = ["concat_examples", "same_batch", "PerExampleCollate", "per_example_batch_hooks", "BATCH_HOOKS", "BatchSeal"]
 
 BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
@@ -72,6 +72,32 @@ def same_batch(a: Any, b: Any) -> bool:
         return False
 
 
+_RANDOM = (
+    "{what} draws randomness: it runs on each example alone, so each example draws its own (an augmentation per example "
+    "is kept as it is; one that mixes examples, such as mixup, does nothing to a batch of one)."
+)
+
+
+def _copy(tree: Any) -> Any:
+    from lightning_dprel.core.example_views import tree_map
+
+    return tree_map(lambda t: t.clone(), tree)
+
+
+def check_per_example(run: Callable[[Any], Any], whole: Any, one: Any, stacked: Any, what: str) -> None:
+    """Refuse code whose result on the whole batch differs from its per-example results stacked, unless it draws
+    randomness (run twice on one example, it differs: its per-example results are still each example's own, warned).
+    Each run gets a copy (code that edits its input in place runs on fresh data)."""
+    import warnings
+
+    if same_batch(run(_copy(whole)), stacked):
+        return
+    if not same_batch(run(_copy(one)), run(_copy(one))):
+        warnings.warn(_RANDOM.format(what=what), UserWarning, stacklevel=3)
+        return
+    raise ValueError(_MIXES.format(what=what))
+
+
 class PerExampleCollate:
     """``collate_fn`` on each example alone, the results concatenated; the first batch of ≥ 2 is checked whole."""
 
@@ -81,8 +107,8 @@ class PerExampleCollate:
     def __call__(self, items: list) -> Any:
         batch = concat_examples([self.collate_fn([item]) for item in items])
         if not self.checked and len(items) >= 2:
-            if not same_batch(self.collate_fn(list(items)), batch):
-                raise ValueError(_MIXES.format(what=f"Your collate_fn ({_name(self.collate_fn)})"))
+            check_per_example(self.collate_fn, list(items), [items[0]], batch,
+                              f"Your collate_fn ({_name(self.collate_fn)})")
             self.checked = True
         return batch
 
@@ -102,10 +128,11 @@ class _PerExampleHook:
     def __call__(self, batch: Any, *args: Any) -> Any:
         if not self.trainer.training or not self.view.size(batch):
             return self.hook(batch, *args)
-        out = concat_examples([self.hook(ex, *args) for ex in self.view.examples(batch)], self.name)
-        if not self.checked and self.view.size(batch) >= 2:
-            if not same_batch(self.hook(batch, *args), out):
-                raise ValueError(_MIXES.format(what=f"{type(self.owner).__name__}.{self.name}"))
+        examples = [_copy(ex) for ex in self.view.examples(batch)]  # the hook may edit its input in place
+        out = concat_examples([self.hook(ex, *args) for ex in examples], self.name)
+        if not self.checked and len(examples) >= 2:
+            check_per_example(lambda b: self.hook(b, *args), batch, examples[0], out,
+                              f"{type(self.owner).__name__}.{self.name}")
             self.checked = True
         return out
 
@@ -136,3 +163,44 @@ def per_example_batch_hooks(trainer: Any, module: Any, view: Any) -> Callable[[]
         for owner, name in wrapped:
             owner.__dict__.pop(name, None)
     return restore
+
+
+def _batch_tensors(tree: Any, path: str = "batch") -> Iterator[tuple[str, Tensor]]:
+    """Every tensor of a batch with its path (through mappings, sequences and PyG ``Data``'s ``to_dict``)."""
+    if isinstance(tree, Tensor):
+        yield path, tree
+    elif isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from _batch_tensors(v, f"{path}[{k!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _batch_tensors(v, f"{path}[{i}]")
+    elif callable(getattr(tree, "to_dict", None)):
+        yield from _batch_tensors(tree.to_dict(), path)
+
+
+class BatchSeal:
+    """The private batch as Lightning handed it to the batch-start hooks (the privacy callback's run first): checked
+    unchanged before the release, so a hook or callback that rewrites it from the whole batch (mixup, centring) is
+    refused; each example's data is transformed on its own only in the collate and the batch hooks."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+        self.copies = {p: t.detach().clone() for p, t in _batch_tensors(batch)}
+
+    def changed(self) -> list[str]:
+        """Paths of the batch's tensors that differ from what was sealed (or appeared or went)."""
+        now = dict(_batch_tensors(self.batch))
+        return sorted(p for p in now.keys() | self.copies.keys()
+                      if p not in now or p not in self.copies or not same_batch(now[p], self.copies[p]))
+
+    def verify(self, who: str) -> None:
+        changed = self.changed()
+        if changed:
+            raise ValueError(
+                f"The private batch was changed after it was sampled and before its release ({changed[:3]}), by "
+                f"{who}'s on_train_batch_start, a callback's, or the step itself. Such a change can read the whole "
+                "batch (mixup, centring by the batch's mean), which per-example clipping cannot bound. Transform "
+                "examples in the Dataset, a collate_fn or a batch hook (on_after_batch_transfer): those run on each "
+                "example alone. Refused before the release."
+            )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import numbers
+from collections.abc import Hashable, Iterator, Mapping, Sequence, Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -21,34 +22,52 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprel.core.events import StepRecord
+from lightning_dprel.core.per_example_data import BatchSeal
 
-__all__ = ["UpdateWatch", "public_update"]
+__all__ = ["UpdateWatch", "public_update", "declare_public", "module_state", "plain_state", "optimizer_state"]
 
 _WATCH = "_lightning_dprel_update_watch"
-_DEPTH = 3  # containers followed this deep
-_LEAVES = (Tensor, np.ndarray, np.generic, float)
-_CONTAINERS = (list, tuple, dict)
+_DEPTH = 3  # containers and objects followed this deep
+_BIG = 1024  # a container with more items is watched by its type, length and identity only
+_SCALARS = (Tensor, np.ndarray, np.generic, numbers.Number, str, bytes)  # bools are numbers
+#: Packages whose objects a module may hold (a tokenizer, an optimizer, the library's own): never the user's data.
+_LIBRARIES = frozenset({"lightning_dprel", "torch", "pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics",
+                        "torch_geometric", "transformers", "tokenizers", "peft", "numpy", "scipy", "safetensors"})
+
+
+def _user_object(value: Any) -> bool:
+    """An instance of the user's own class (a helper holding state, a dataclass): its attributes are followed."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, nn.Module)) and not callable(value)
+            and type(value).__module__.split(".")[0] not in _LIBRARIES)
 
 
 def _leaves(name: str, value: Any, out: dict[str, Any], depth: int = 0) -> None:
-    """The watched leaves of one attribute: tensors, arrays and floats, through lists, tuples and dicts (whose length
-    or keys are watched too when they hold any)."""
-    if isinstance(value, _LEAVES):
+    """The watched leaves of one attribute: tensors, arrays, numbers and strings, through sequences, mappings, sets and
+    the user's own objects (whose length, keys or attribute names are watched too)."""
+    if isinstance(value, _SCALARS):
         out[name] = value
-    elif depth < _DEPTH and isinstance(value, _CONTAINERS) and value:
-        items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
-        inner: dict[str, Any] = {}
-        for k, v in items:
-            _leaves(f"{name}[{k!r}]", v, inner, depth + 1)
-        if inner:
-            out[f"{name}#keys"] = tuple(repr(k) for k, _ in items)
-            out.update(inner)
+    elif depth >= _DEPTH or value is None:
+        return
+    elif isinstance(value, (Sequence, Mapping, AbstractSet)):
+        if len(value) > _BIG:
+            out[f"{name}#big"] = (type(value).__name__, len(value), id(value))
+        elif isinstance(value, AbstractSet):
+            out[name] = frozenset(v if isinstance(v, Hashable) and not isinstance(v, Tensor) else id(v) for v in value)
+        else:
+            items = list(value.items()) if isinstance(value, Mapping) else list(enumerate(value))
+            out[f"{name}#keys"] = (type(value).__name__, tuple(repr(k) for k, _ in items))
+            for k, v in items:
+                _leaves(f"{name}[{k!r}]", v, out, depth + 1)
+    elif _user_object(value):
+        out[f"{name}#keys"] = (type(value).__name__, tuple(vars(value)))
+        for k, v in vars(value).items():
+            _leaves(f"{name}.{k}", v, out, depth + 1)
 
 
 @functools.lru_cache(maxsize=None)
 def _framework_keys(cls: type) -> frozenset[str]:
-    """Attribute names nn.Module (and LightningModule, torchmetrics' Metric) keep for themselves: hooks, flags, the
-    trainer; never the user's data. A user's own attribute, with or without a leading underscore, is not among them."""
+    """Attribute names nn.Module (and LightningModule) keep for themselves: hooks, flags, the trainer; never the user's
+    data. A user's own attribute, with or without a leading underscore, is not among them."""
     keys = set(vars(nn.Module()))
     try:
         from pytorch_lightning import LightningModule
@@ -57,7 +76,8 @@ def _framework_keys(cls: type) -> frozenset[str]:
             keys |= set(vars(LightningModule()))
     except ImportError:  # pragma: no cover - a dependency
         pass
-    return frozenset(keys - {"training"}) | {"_lightning_dprel_ledger", "_lightning_dprel_public_data", _WATCH}
+    return frozenset(keys) | {"_lightning_dprel_ledger", "_lightning_dprel_public_data", "_lightning_dprel_released",
+                              _WATCH}
 
 
 def _metric_class() -> type | None:
@@ -68,15 +88,14 @@ def _metric_class() -> type | None:
     return Metric
 
 
-def module_state(module: nn.Module, *, skip_metrics: bool = False) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """(parameters and buffers by name, as ``named_parameters`` names them; the tensors, arrays and floats held in
-    plain attributes of ``module`` and its submodules), in one pass over the modules.
-
-    A torchmetrics ``Metric`` that holds no update (reset: its defaults) is left out of the plain state, and every
-    metric with ``skip_metrics`` (taken right before Lightning resets the metrics an evaluation logged)."""
+def module_state(module: nn.Module) -> tuple[dict[str, Tensor], dict[str, Any], list[nn.Module]]:
+    """(parameters and buffers by name, as ``named_parameters`` names them; the tensors, arrays, numbers and strings
+    held in plain attributes of ``module`` and its submodules; its torchmetrics metrics), in one pass over the modules.
+    A metric's state is not in the plain state: :class:`UpdateWatch` resets what training accumulated in it."""
     metric = _metric_class()
     tensors: dict[str, Tensor] = {}
     plain: dict[str, Any] = {}
+    metrics: list[nn.Module] = []
     seen: set[int] = set()
     for prefix, m in module.named_modules():
         pre = f"{prefix}." if prefix else ""
@@ -85,18 +104,26 @@ def module_state(module: nn.Module, *, skip_metrics: bool = False) -> tuple[dict
                 if t is not None and id(t) not in seen:
                     seen.add(id(t))
                     tensors[pre + k] = t
-        if metric is not None and isinstance(m, metric) and (skip_metrics or not getattr(m, "_update_count", 1)):
+        if metric is not None and isinstance(m, metric):
+            metrics.append(m)
             continue
         skip = _framework_keys(type(m))
         for key, value in m.__dict__.items():
-            if key not in skip and (isinstance(value, _LEAVES) or isinstance(value, _CONTAINERS)):
+            if key not in skip:
                 _leaves(pre + key, value, plain)
-    return tensors, plain
+    return tensors, plain, metrics
 
 
-def plain_state(module: nn.Module, *, skip_metrics: bool = False) -> dict[str, Any]:
-    """The tensors, arrays and floats in plain attributes of ``module`` and its submodules (:func:`module_state`)."""
-    return module_state(module, skip_metrics=skip_metrics)[1]
+def plain_state(module: nn.Module) -> dict[str, Any]:
+    """The tensors, arrays, numbers and strings in plain attributes of ``module`` and its submodules."""
+    return module_state(module)[1]
+
+
+def optimizer_state(optimizers: list[Any]) -> dict[str, Any]:
+    """Every optimizer's hyper-parameters (each param group's entries but its parameters): a learning rate set from a
+    private loss in a hook steers every later update."""
+    return {f"optimizer[{i}].param_groups[{j}].{k}": v for i, opt in enumerate(optimizers)
+            for j, group in enumerate(opt.param_groups) for k, v in group.items() if k != "params"}
 
 
 def _snapshot(value: Any) -> Any:
@@ -125,6 +152,21 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+def declare_public(module: nn.Module, owner: Any, name: str) -> Any:
+    """Run ``owner.<name>`` (a hook of a callback or of the module) inside :func:`public_update` from now on; returns a
+    function that gives the hook back. For the updates Lightning's own schedulers and callbacks make from public facts
+    (a scheduler's step, SWA's learning rate, a fine-tuning callback's new parameter group)."""
+    original = getattr(owner, name)
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        with public_update(module):
+            return original(*args, **kwargs)
+
+    hook.__wrapped__ = original  # Lightning's is_overridden still sees the original
+    owner.__dict__[name] = hook
+    return lambda: owner.__dict__.pop(name, None)
+
+
 @contextlib.contextmanager
 def public_update(module: nn.Module) -> Iterator[None]:
     """Declare the body's updates of ``module`` public: they read public data or released values only (post-processing),
@@ -145,11 +187,15 @@ class UpdateWatch:
     """The parameters, buffers and plain tensor attributes (:func:`plain_state`) after the last charged (or public)
     update of ``module``, checked before every release, at every batch's start and end, and at the end of training."""
 
-    def __init__(self, module: nn.Module, ledger: Any) -> None:
-        self.module, self.ledger = module, ledger
+    def __init__(self, module: nn.Module, ledger: Any, *, reset_metrics: bool = True) -> None:
+        self.module, self.ledger, self.reset_metrics = module, ledger, bool(reset_metrics)
         self.base: dict[str, Tensor] = {}
         self.plain: dict[str, Any] = {}
+        self.counts: dict[int, int] = {}  # each metric's updates at the base
+        self.inner: list[Any] = []  # the optimizers whose hyper-parameters are watched
+        self._seal: BatchSeal | None = None
         self.optimizers: list[Any] = []
+        self.on_close: list[Any] = []  # functions that undo what was attached for this watch
         module.__dict__[_WATCH] = self
         self.rebase()
 
@@ -161,12 +207,15 @@ class UpdateWatch:
     def names(self) -> list[str]:
         return list(self.base)
 
+    def _plain(self, plain: dict[str, Any]) -> dict[str, Any]:
+        return {**plain, **optimizer_state(self.inner)}
+
     def rebase(self, *, plain_only: bool = False) -> None:
-        """Take the parameters as they are now as the base (after a charged release or a public update); with
-        ``plain_only``, only the plain attributes (after validation on public data; its metrics as reset, as Lightning
-        resets the logged ones right after)."""
-        now, plain = module_state(self.module, skip_metrics=plain_only)
-        self.plain = {k: _snapshot(v) for k, v in plain.items()}
+        """Take the state as it is now as the base (after a charged release or a public update); with ``plain_only``,
+        only the plain attributes and the metrics' counts (after validation on public data)."""
+        now, plain, metrics = module_state(self.module)
+        self.plain = {k: _snapshot(v) for k, v in self._plain(plain).items()}
+        self.counts = {id(m): int(getattr(m, "_update_count", 0)) for m in metrics}
         if plain_only:
             return
         with torch.no_grad():
@@ -181,14 +230,27 @@ class UpdateWatch:
         """A DP optimizer's step hook: the update it just applied is charged."""
         self.rebase()
 
+    def _forget_training_metrics(self, metrics: list[nn.Module]) -> None:
+        """A metric updated on private batches since the base is a training log: reset, so nothing it accumulated
+        reaches a later step (kept under ``log_private_metrics=True``, outside the guarantee)."""
+        for m in metrics:
+            count = int(getattr(m, "_update_count", 0))
+            if count != self.counts.get(id(m), 0) and count and self.reset_metrics:
+                m.reset()
+            self.counts[id(m)] = int(getattr(m, "_update_count", 0))
+
     def moved(self) -> list[str]:
-        """Names of the parameters, buffers and plain attributes that differ from the base (or appeared or went)."""
-        tensors, now = module_state(self.module)
+        """Names of the parameters, buffers, plain attributes and optimizer hyper-parameters that differ from the base
+        (or appeared or went)."""
+        tensors, now, metrics = module_state(self.module)
+        self._forget_training_metrics(metrics)
+        now = self._plain(now)
         moved = sorted(tensors.keys() ^ self.base.keys())
         moved += [n for n, t in tensors.items() if n in self.base and not _same(t, self.base[n])]
         changed = sorted({k for k in now.keys() ^ self.plain.keys()}
                          | {k for k in now.keys() & self.plain.keys() if not _same(now[k], self.plain[k])})
-        return moved + sorted({k.split("#")[0].split("[")[0] for k in changed})  # the attribute, not its element
+        return moved + sorted({k.split("#")[0].split("[")[0] if not k.startswith("optimizer[") else k
+                               for k in changed})  # the attribute, not its element
 
     def settle(self) -> None:
         """After an error: charge what moved as unprotected (ε = ∞) without raising, so a failed fit never reads a
@@ -219,16 +281,28 @@ class UpdateWatch:
 
     def watch_releases_of(self, dp: Any) -> None:
         """Check before each of ``dp``'s releases (an edit in a hook or an override just before the step) and take the
-        parameters after it as the base."""
+        parameters after it as the base; watch its optimizer's hyper-parameters too."""
         dp.attach_pre_release_check(self.check_before_release)
         dp.attach_step_hook(self.after_release)
         self.optimizers.append(dp)
+        self.inner.append(getattr(dp, "original_optimizer", dp))
+        self.rebase(plain_only=True)
+
+    def seal(self, batch: Any) -> None:
+        """Keep this training batch as it stands now (the privacy callback's batch start): checked before the release."""
+        self._seal = BatchSeal(batch) if batch is not None else None
 
     def check_before_release(self) -> None:
         self.check(type(self.module).__name__)
+        seal, self._seal = self._seal, None
+        if seal is not None:
+            seal.verify(type(self.module).__name__)
 
     def close(self) -> None:
-        """Stop watching: leave the module and the DP optimizers as they were."""
+        """Stop watching: leave the module, the DP optimizers and what :attr:`on_close` restores as they were."""
+        for restore in self.on_close:
+            restore()
+        self.on_close = []
         self.module.__dict__.pop(_WATCH, None)
         for dp in self.optimizers:
             dp._pre_release_checks.remove(self.check_before_release)

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.demos.specs import make_spec
 
 __all__ = [
@@ -56,7 +57,8 @@ class BoringPrivateModule(PrivateModule):
         r = 2.0 * (self.layer.weight.view(()) * x + self.layer.bias.view(()))  # d(w·x + c)²/d(w·x + c)
         grads = {"weight": (r * x).detach().view(-1, 1, 1), "bias": r.detach().view(-1, 1)}
         self.private_step(grads, max_freq=torch.ones(x.numel()))
-        self.optimizer_steps += 1
+        with public_update(self):  # a count of steps is public
+            self.optimizer_steps += 1
 
     def configure_optimizers(self):
         return self.build_dp_optimizer(dict(self.layer.named_parameters()))
