@@ -184,7 +184,7 @@ PARTS = {
     "optim": "user's optimizer step (+ DPOptimizer.step glue)",
     "record": "record + AttachedDPSGD.training_step glue",
     "ledger": "ledger charge (step hook)",
-    "watch": "update watch (clone after step, 3 compares)",
+    "watch": "update watch (clone after step, compares)",
     "epsilon": "ε after every step (callback's batch end)",
 }
 

@@ -191,8 +191,8 @@ class BatchSeal:
     def changed(self) -> list[str]:
         """Paths of the batch's tensors that differ from what was sealed (or appeared or went)."""
         now = dict(_batch_tensors(self.batch))
-        return sorted(p for p in now.keys() | self.copies.keys()
-                      if p not in now or p not in self.copies or not same_batch(now[p], self.copies[p]))
+        return sorted(p for p in now.keys() | self.copies.keys() if p not in now or p not in self.copies
+                      or now[p].shape != self.copies[p].shape or not torch.equal(now[p], self.copies[p]))
 
     def verify(self, who: str) -> None:
         changed = self.changed()

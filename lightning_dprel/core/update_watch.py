@@ -1,12 +1,15 @@
 """Parameters that moved without a charged release: detected every step, charged as unprotected (ε = ∞), refused.
 
 A DP-SGD fit's parameters may change only by a DP optimizer's step (whose release the ledger charges) or by an update
-declared public (:func:`public_update`: a warm start or a step on public data, post-processing of released values). The watch keeps the
-parameters as they stood after the last such change and compares them at every batch end: any other movement (a plain
-optimizer, ``p.data -= …``, a module that fakes the facts it is asked for) is an update no private step charged.
-State kept outside parameters and buffers is watched the same way: every tensor, NumPy array or float held in a plain
-attribute of the module or a submodule (or in a list, tuple or dict there), so a value set from a private batch in a
-hook and read by a later step is caught wherever it was set.
+declared public (:func:`public_update`: a warm start or a step on public data, post-processing of released values).
+The watch keeps the parameters as they stood after the last such change and compares them at every batch start and
+before every release: any other movement (a plain optimizer, ``p.data -= …``, a module that fakes the facts it is
+asked for) is an update no private step charged. State kept outside parameters and buffers is watched the same way
+(:func:`module_state`): every tensor, array, number or string in a plain attribute of the module or a submodule,
+through sequences, mappings, sets and the user's own objects, and the optimizers' hyper-parameters; so a value set
+from a private batch in a hook and read by a later step is caught wherever it was set. A torchmetrics metric updated
+in training is a training log: reset at the next check. The batch itself is sealed at batch start and checked at the
+release (:class:`~lightning_dprel.core.per_example_data.BatchSeal`).
 """
 
 from __future__ import annotations
@@ -185,7 +188,7 @@ def public_update(module: nn.Module) -> Iterator[None]:
 
 class UpdateWatch:
     """The parameters, buffers and plain tensor attributes (:func:`plain_state`) after the last charged (or public)
-    update of ``module``, checked before every release, at every batch's start and end, and at the end of training."""
+    update of ``module``, checked before every release, at every batch's start, before validation and at the end of training."""
 
     def __init__(self, module: nn.Module, ledger: Any, *, reset_metrics: bool = True) -> None:
         self.module, self.ledger, self.reset_metrics = module, ledger, bool(reset_metrics)
