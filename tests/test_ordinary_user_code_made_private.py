@@ -25,8 +25,8 @@ from pytorch_lightning.callbacks import BackboneFinetuning, GradientAccumulation
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_helpers import released_sum
 from lightning_dprel import DPDataLoader, PrivacyCallback, export_model
+from test_data_code_runs_on_each_example_alone import MLP  # the same small classifier
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
               pytest.mark.filterwarnings("ignore:.*(KeyedStream|DPDataLoader)\\(.*seed.*")]
@@ -34,18 +34,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers.*"
 X = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()
 INF = float("inf")
-
-
-class MLP(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
-
-    def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.net(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def _fit(model, cb=None, *, callbacks=(), loader=None, val=None, **kwargs):
