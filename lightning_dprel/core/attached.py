@@ -128,10 +128,7 @@ class AttachedDPSGD:
         inner = trainer.optimizers[0]
         if isinstance(inner, DPOptimizer):
             inner = inner.original_optimizer
-        ids = {id(p) for g in inner.param_groups for p in g["params"]}
-        self.params = {n: p for n, p in module.named_parameters() if id(p) in ids}
-        if len(self.params) != len(ids):
-            raise ValueError("The optimizer holds parameters that are not the module's; optimize the module's parameters.")
+        self.params = _optimized(module, inner, trainable_only=False)
         frozen = [n for n, p in self.params.items() if not p.requires_grad]
         if frozen:
             raise ValueError(f"The optimizer holds parameters with requires_grad=False ({frozen[:3]}); leave them out.")
@@ -221,9 +218,7 @@ class AttachedDPSGD:
         ids = {id(p) for g in self.inner.param_groups for p in g["params"] if p.requires_grad}
         if ids == {id(p) for p in self.params.values()}:
             return
-        self.params = {n: p for n, p in self.module.named_parameters() if id(p) in ids}
-        if len(self.params) != len(ids):
-            raise ValueError("The optimizer holds parameters that are not the module's; optimize the module's parameters.")
+        self.params = _optimized(self.module, self.inner, trainable_only=True)
         self.dp.named_params = OrderedDict(self.params)
         self._layers = tapped_layers(self.module, self.params)
 
@@ -329,6 +324,15 @@ class _RandomStates:
         return fn(*args)
 
     restore = _set
+
+
+def _optimized(module: nn.Module, optimizer: Any, *, trainable_only: bool) -> dict[str, Tensor]:
+    """The module's parameters the optimizer holds (only those with requires_grad when ``trainable_only``), by name."""
+    ids = {id(p) for g in optimizer.param_groups for p in g["params"] if p.requires_grad or not trainable_only}
+    params = {n: p for n, p in module.named_parameters() if id(p) in ids}
+    if len(params) != len(ids):
+        raise ValueError("The optimizer holds parameters that are not the module's; optimize the module's parameters.")
+    return params
 
 
 def _about(view: ExampleView) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.example_views import TensorRows, tree_map
+
 __all__ = ["concat_examples", "same_batch", "PerExampleCollate", "per_example_batch_hooks", "BATCH_HOOKS", "BatchSeal"]
 
 BATCH_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
@@ -79,8 +81,6 @@ _RANDOM = (
 
 
 def _copy(tree: Any) -> Any:
-    from lightning_dprel.core.example_views import tree_map
-
     return tree_map(lambda t: t.clone(), tree)
 
 
@@ -141,8 +141,6 @@ def per_example_batch_hooks(trainer: Any, module: Any, view: Any) -> Callable[[]
     """Run the batch hooks the module or datamodule overrides on each example alone (rows views); refuse them for
     views whose examples are not rows. Returns a function that restores them."""
     from pytorch_lightning.utilities.model_helpers import is_overridden
-
-    from lightning_dprel.core.example_views import TensorRows
 
     wrapped = []
     for name in BATCH_HOOKS:

@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.per_example_data import BatchSeal
 
-__all__ = ["UpdateWatch", "public_update", "declare_public", "module_state", "plain_state", "optimizer_state"]
+__all__ = ["UpdateWatch", "public_update", "declare_public", "module_state", "optimizer_state"]
 
-_WATCH = "_lightning_dprel_update_watch"
+_OWN = "_lightning_dprel"  # the prefix of what the library keeps on a module (its ledger, this watch): not user state
+_WATCH = f"{_OWN}_update_watch"
 _DEPTH = 3  # containers and objects followed this deep
 _BIG = 1024  # a container with more items is watched by its type, length and identity only
 _SCALARS = (Tensor, np.ndarray, np.generic, numbers.Number, str, bytes)  # bools are numbers
@@ -79,8 +80,7 @@ def _framework_keys(cls: type) -> frozenset[str]:
             keys |= set(vars(LightningModule()))
     except ImportError:  # pragma: no cover - a dependency
         pass
-    return frozenset(keys) | {"_lightning_dprel_ledger", "_lightning_dprel_public_data", "_lightning_dprel_released",
-                              _WATCH}
+    return frozenset(keys)
 
 
 def _metric_class() -> type | None:
@@ -112,14 +112,9 @@ def module_state(module: nn.Module) -> tuple[dict[str, Tensor], dict[str, Any], 
             continue
         skip = _framework_keys(type(m))
         for key, value in m.__dict__.items():
-            if key not in skip:
+            if key not in skip and not key.startswith(_OWN):
                 _leaves(pre + key, value, plain)
     return tensors, plain, metrics
-
-
-def plain_state(module: nn.Module) -> dict[str, Any]:
-    """The tensors, arrays, numbers and strings in plain attributes of ``module`` and its submodules."""
-    return module_state(module)[1]
 
 
 def optimizer_state(optimizers: list[Any]) -> dict[str, Any]:
@@ -187,7 +182,7 @@ def public_update(module: nn.Module) -> Iterator[None]:
 
 
 class UpdateWatch:
-    """The parameters, buffers and plain tensor attributes (:func:`plain_state`) after the last charged (or public)
+    """The parameters, buffers and plain attributes (:func:`module_state`) after the last charged (or public)
     update of ``module``, checked before every release, at every batch's start, before validation and at the end of training."""
 
     def __init__(self, module: nn.Module, ledger: Any, *, reset_metrics: bool = True) -> None:
@@ -201,14 +196,6 @@ class UpdateWatch:
         self.on_close: list[Any] = []  # functions that undo what was attached for this watch
         module.__dict__[_WATCH] = self
         self.rebase()
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The parameters and buffers now, by name (read anew: a re-assigned buffer is a new tensor)."""
-        return module_state(self.module)[0]
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.base)
 
     def _plain(self, plain: dict[str, Any]) -> dict[str, Any]:
         return {**plain, **optimizer_state(self.inner)}
