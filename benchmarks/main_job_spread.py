@@ -1,10 +1,12 @@
-"""The main job's spread over runs: the README command, run N times as it is, gains over the base side by side.
+"""The main job's spread over runs: the README command, run N times as it is, its rows side by side.
 
-Each run is ``python -m lightning_dprel fit --config configs/default.yaml`` (secret sampling and noise keys, so runs
-differ), with only its output folder and a results file added. Prints every run's base / fine-tuned PREC@1 and MRR, ε
-and the selected step, then the mean ± std of the gain; writes ``benchmarks/results/main_job_spread.{json,md}``.
+Each run is ``python -m lightning_dprel fit --config configs/default.yaml`` (secret sampling, draws and noise keys, so
+runs differ), with only its output folder changed; the numbers are read from the ``report.json`` it writes beside
+its checkpoint. Prints every run's rows (base, the baselines, the private model, the reference), ε, σ and the
+selected step, then on how many runs the private model beats each other row; writes
+``benchmarks/results/main_job_spread.{json,md}`` (``--config`` another job: ``<stem>_spread``).
 
-    python benchmarks/main_job_spread.py --runs 5      # ≈ 40 s a run on 2 idle CPU cores (embeddings cached)
+    python benchmarks/main_job_spread.py --runs 3
 """
 
 from __future__ import annotations
@@ -18,44 +20,62 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = [sys.executable, "-m", "lightning_dprel", "fit", "--config", "configs/default.yaml"]
 
 
-def run(i: int, out: Path) -> dict:
+def command(config: str) -> list[str]:
+    return [sys.executable, "-m", "lightning_dprel", "fit", "--config", config]
+
+
+def run(i: int, config: str, out: Path) -> dict:
     folder = out / f"run{i}"
     started = time.monotonic()
-    subprocess.run([*COMMAND, "--trainer.default_root_dir", str(folder), "--results_json", str(folder / "results.json")], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = json.loads((folder / "results.json").read_text())
-    return {"run": i, "seconds": round(time.monotonic() - started, 1), "base_prec1": r["base"]["test_prec1"],
-            "prec1": r["tuned"]["test_prec1"], "base_mrr": r["base"]["test_mrr"], "mrr": r["tuned"]["test_mrr"],
-            "epsilon": r["privacy"]["epsilon"], "delta": r["privacy"]["delta"], "sigma": r["privacy"]["sigma"],
-            "selected_step": (r.get("selection") or {}).get("step")}
+    print(f"run {i}: {' '.join(command(config)[1:])} --trainer.default_root_dir {folder}", file=sys.stderr, flush=True)
+    subprocess.run([*command(config), "--trainer.default_root_dir", str(folder)], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)  # its progress lines go to stderr, shown
+    report = json.loads((folder / "report.json").read_text())
+    selection = next((r.get("selection") for r in report["rows"] if r.get("selection")), None) or {}
+    return {"run": i, "seconds": round(time.monotonic() - started, 1), "rows": report["rows"],
+            "epsilon": report["epsilon"], "delta": report["delta"], "bound": report.get("bound"),
+            "sigma": report["sigma"], "selected_step": selection.get("step"), "unit": report.get("privacy_unit")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--config", default="configs/default.yaml")
     parser.add_argument("--out", default=str(ROOT / "outputs" / "main_job_spread"))
     args = parser.parse_args()
-    rows = [run(i, Path(args.out)) for i in range(args.runs)]
-    gains = {k: [r[k] - r[f"base_{k}"] for r in rows] for k in ("prec1", "mrr")}
-    summary = {k: {"mean": statistics.mean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                   "above_base": sum(g > 0 for g in v)} for k, v in gains.items()}
-    lines = ["| run | base PREC@1 | PREC@1 | gain | base MRR | MRR | gain | ε (δ) | σ | selected step | s |", "|" + "---|" * 11]
-    for r in rows:
-        lines.append(f"| {r['run']} | {r['base_prec1']:.4f} | {r['prec1']:.4f} | {r['prec1'] - r['base_prec1']:+.4f} | "
-                     f"{r['base_mrr']:.4f} | {r['mrr']:.4f} | {r['mrr'] - r['base_mrr']:+.4f} | {r['epsilon']:.4f} "
-                     f"({r['delta']:g}) | {r['sigma']:.4g} | {r['selected_step']} | {r['seconds']} |")
-    for k, label in (("prec1", "PREC@1"), ("mrr", "MRR")):
-        s = summary[k]
-        lines.append(f"\n{label} gain over the base: {s['mean']:+.4f} ± {s['std']:.4f} (mean ± std over {len(rows)} runs; "
-                     f"above the base in {s['above_base']}/{len(rows)})")
+    runs = [run(i, args.config, Path(args.out)) for i in range(args.runs)]
+    names = [r["name"] for r in runs[0]["rows"]]
+    metrics = list(runs[0]["rows"][-1]["metrics"] or runs[0]["rows"][0]["metrics"])
+    private = next(r["name"] for r in runs[0]["rows"] if r.get("selection") is not None or r["name"] == "private model")
+    first = metrics[0]
+    lines = ["| run | " + " | ".join(f"{n} ({first})" for n in names) + " | ε (δ, bound) | σ | selected step | s |",
+             "|" + "---|" * (len(names) + 5)]
+    for r in runs:
+        values = {row["name"]: row["metrics"].get(first) for row in r["rows"]}
+        lines.append(f"| {r['run']} | " + " | ".join("" if values.get(n) is None else f"{values[n]:.4f}" for n in names)
+                     + f" | {r['epsilon']:.4f} ({r['delta']:.3g}, {r['bound']}) | {r['sigma']:.4g} | {r['selected_step']} | "
+                     f"{r['seconds']} |")
+    beats = {}
+    for other in names:
+        if other == private or "reference" in other:
+            continue
+        per_run = [{m: row["metrics"].get(m) for row in r["rows"] if row["name"] == private for m in metrics} for r in runs]
+        theirs = [{m: row["metrics"].get(m) for row in r["rows"] if row["name"] == other for m in metrics} for r in runs]
+        beats[other] = {m: sum(a[m] > b[m] for a, b in zip(per_run, theirs)) for m in metrics}
+    mean = {m: statistics.mean(row["metrics"][m] for r in runs for row in r["rows"] if row["name"] == private) for m in metrics}
+    lines.append("")
+    lines += [f"{private} beats {other} on {', '.join(f'{m} {k}/{len(runs)}' for m, k in b.items())} runs" for other, b in beats.items()]
+    lines.append(f"{private}: mean " + ", ".join(f"{m} {v:.4f}" for m, v in mean.items()) + f" over {len(runs)} runs")
     text = "\n".join(lines)
     print(text)
+    stem = "main_job" if args.config == "configs/default.yaml" else Path(args.config).stem
     results = ROOT / "benchmarks" / "results"
-    (results / "main_job_spread.md").write_text(f"`{' '.join(COMMAND[1:])}`, {len(rows)} runs\n\n{text}\n")
-    (results / "main_job_spread.json").write_text(json.dumps({"command": COMMAND[1:], "runs": rows, "gain": summary}, indent=2))
+    (results / f"{stem}_spread.md").write_text(f"`{' '.join(command(args.config)[1:])}`, {len(runs)} runs, unit: "
+                                               f"{runs[0]['unit']}\n\n{text}\n")
+    (results / f"{stem}_spread.json").write_text(json.dumps(
+        {"command": command(args.config)[1:], "runs": runs, "private_beats": beats, "private_mean": mean}, indent=2))
 
 
 if __name__ == "__main__":

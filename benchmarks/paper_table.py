@@ -11,7 +11,7 @@ Datasets (zero-shot: fine-tune on one sub-domain, rank on another): HPO nervous 
   with σ calibrated by :class:`~callbacks.PrivacyCallback` (``calibrate=True``) for the same T steps.
 
 Every run uses the same seeds (LoRA init, sampling stream, noise stream, evaluation subset) and the
-hyper-parameters of ``configs/default.yaml`` (lr, C, τ, K, k, LoRA): nothing is tuned, least of all on the
+hyper-parameters of the then main job (lr, C, τ, K, k, LoRA; below): nothing is tuned, least of all on the
 test sub-domain. Runs are built in-process from the library (datamodule + module + callback + Trainer).
 
 Also: a privacy–utility curve (FREQ-CLIP at fixed T over σ, with the ε each σ gets under the paper's and
@@ -59,7 +59,7 @@ METHODS = (
     ("freq_corrected", "FREQ-CLIP, corrected", "freq", "corrected"),
 )
 
-#: Hyper-parameters of configs/default.yaml, used unchanged for every run.
+#: Hyper-parameters of the main job at the time (MiniLM + LoRA, FREQ-CLIP), used unchanged for every run.
 HPARAMS = {"lr": 0.002, "clip_norm": 1.0, "temperature": 0.05, "score": "cosine", "loss": "infonce",
            "max_degree": 5, "neg_per_pos": 4, "lora_r": 8, "lora_alpha": 16.0}
 

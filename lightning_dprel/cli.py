@@ -27,6 +27,7 @@ from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningCLI
 
 from lightning_dprel.callbacks.resume import ResumeHint, checkpoint_problem
+from lightning_dprel.cli_report import baseline_rows, callback_privacy, reference_row, unit_text, write_report
 from lightning_dprel.progress import step_progress_bar
 
 __all__ = ["DPRelCLI", "main", "format_report", "report_title"]
@@ -50,12 +51,17 @@ def format_report(
     checkpoint: str | None = None,
     metrics: tuple[tuple[str, str], ...] = _METRICS,
     rows: tuple[str, str] = ("base (no fine-tuning)", "fine-tuned"),
+    baselines: list[tuple[str, dict[str, float]]] = (),
+    references: list[tuple[str, dict[str, float]]] = (),
+    unit: str | None = None,
 ) -> str:
-    """The main job's closing table: base vs trained metrics (PREC@1 / MRR by default), the privacy spent, the checkpoint."""
-    lines = [title, f"{'model':<28}" + "".join(f"{label:>10}" for _, label in metrics)]
-    table = ([(rows[0], base)] if base is not None else []) + [(rows[1], tuned)]
+    """The main job's closing table: base vs trained metrics (PREC@1 / MRR by default) with any baselines and
+    references, the privacy spent and its unit, the checkpoint."""
+    table = ([(rows[0], base)] if base is not None else []) + list(baselines) + [(rows[1], tuned)] + list(references)
+    width = max([28] + [len(name) + 2 for name, _ in table])
+    lines = [title, f"{'model':<{width}}" + "".join(f"{label:>10}" for _, label in metrics)]
     for name, m in table:
-        lines.append(f"{name:<28}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k, _ in metrics))
+        lines.append(f"{name:<{width}}" + "".join(f"{m.get(k, float('nan')):>10.4f}" for k, _ in metrics))
     if privacy and "text" in privacy:
         lines.append(f"privacy: {privacy['text']}")
     elif privacy:
@@ -65,12 +71,15 @@ def format_report(
         )
     else:
         lines.append("privacy: none (non-private run; no epsilon is claimed)")
+    if unit:
+        lines.append(f"unit: {unit}")
     if selection:
         candidate = selection.get("candidate") or ("base" if selection["step"] == 0 else f"step {selection['step']}")
         chosen = {"base": "the base encoder", "step 0": "the public warm start (step 0)"}.get(candidate, candidate)
         lines.append(
-            f"checkpoint: {chosen}, chosen on the validation graph (val {selection['monitor']} {selection['score']:.4f}, "
-            f"base {selection['base']:.4f}); the test graph was not used for any choice"
+            f"checkpoint: {chosen}, chosen on {selection.get('on') or 'the validation graph'} (val {selection['monitor']} "
+            f"{selection['score']:.4f}, base {selection['base']:.4f}); the test "
+            + (f"{selection['test']} were" if selection.get("test") else "graph was") + " not used for any choice"
         )
     if checkpoint:
         lines.append(f"model: {checkpoint} (export: python -m lightning_dprel export --ckpt_path {checkpoint} --out <folder>)")
@@ -159,6 +168,9 @@ class DPRelCLI(LightningCLI):
             "--final_ckpt_path", type=str | None, default="model.ckpt",
             help="After fit, save the reported model (the selected one) here; relative to trainer.default_root_dir; null: none.",
         )
+        parser.add_argument("--reference_json", type=str | None, default=None,
+                            help="A committed benchmark summary whose row --reference_row is printed as a reference (not trained).")
+        parser.add_argument("--reference_row", type=str, default="non-private", help="The reference row's name.")
 
     @staticmethod
     def link_optimizers_and_lr_schedulers(parser: Any) -> None:
@@ -220,21 +232,32 @@ class DPRelCLI(LightningCLI):
         else:
             tuned = _metrics(self.trainer.test(self.model, datamodule=self.datamodule, verbose=False))
         self._base_params = None
-        privacy = self._privacy_summary()
+        privacy = self._privacy_summary() or callback_privacy(self.trainer)
         source = getattr(self.datamodule, "source", None)
         name = repr(source) if source is not None else type(self.datamodule).__name__
         selection = self._selection_summary()
         title = report_title(self.model, self.datamodule)
         metrics = tuple(getattr(self.model, "report_metrics", _METRICS))
         rows = tuple(getattr(self.model, "report_rows", ("base (no fine-tuning)", "fine-tuned")))
-        report = format_report(self._base, tuned, privacy, f"{title}: {name}", selection, checkpoint, metrics, rows)
+        baselines = baseline_rows(self.datamodule, privacy) if self.trainer.is_global_zero else []
+        ref = reference_row(self._sub("reference_json"), self._sub("reference_row"), metrics)
+        unit = unit_text(self.datamodule)
+        report = format_report(self._base, tuned, privacy, f"{title}: {name}", selection, checkpoint, metrics, rows,
+                               [(b["name"], b["metrics"]) for b in baselines], [(ref["name"], ref["metrics"])] if ref else [],
+                               unit)
         if self.trainer.is_global_zero:
+            table = ([{"name": rows[0], "metrics": self._base}] if self._base is not None else []) + baselines + [
+                {"name": rows[1], "metrics": tuned, "selection": selection}] + ([ref] if ref else [])
+            extra = {"title": f"{title}: {name}", "checkpoint": checkpoint}
+            if checkpoint:
+                report += f"\nreport: {write_report(Path(checkpoint).with_name('report.json'), table, privacy, unit, extra)}"
             print("\n" + report, flush=True)
             out = self._sub("results_json")
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
                 Path(out).write_text(json.dumps(
-                    {"base": self._base, "tuned": tuned, "privacy": privacy, "selection": selection, "checkpoint": checkpoint}, indent=2
+                    {"base": self._base, "tuned": tuned, "privacy": privacy, "selection": selection, "checkpoint": checkpoint,
+                     "baselines": baselines, "reference": ref, "unit": unit}, indent=2
                 ))
 
     def _save_final_checkpoint(self) -> str | None:
@@ -253,7 +276,9 @@ class DPRelCLI(LightningCLI):
             if getattr(cb, "best_step", None) is not None and history:
                 base = next((h[cb.monitor] for h in history if h["step"] == 0), float("nan"))  # the first: the base
                 return {"step": int(cb.best_step), "monitor": cb.monitor, "score": float(cb.best_score), "base": float(base),
-                        "candidate": getattr(cb, "best_candidate", None)}
+                        "candidate": getattr(cb, "best_candidate", None),
+                        "on": getattr(self.datamodule, "validation_name", None),
+                        "test": getattr(self.datamodule, "test_name", None)}
         return None
 
     def _privacy_summary(self) -> dict[str, Any] | None:

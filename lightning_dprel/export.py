@@ -39,6 +39,19 @@ def privacy_report(module: Any, *, delta: float | None = None) -> dict[str, Any]
     return module.privacy_report(delta=delta)
 
 
+def _made_private_class(class_path: str) -> type:
+    """The LightningModule class a checkpoint of a private fit names (its ledger saved beside it)."""
+    import importlib
+
+    import pytorch_lightning as pl
+
+    module_name, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name, None) if module_name else None
+    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
+        raise ValueError(f"{class_path!r} is not a LightningModule class.")
+    return cls
+
+
 def _module_class(class_path: str) -> type:
     """A ``lightning_dprel`` private module class by path (nothing outside the library is imported from a file)."""
     import importlib
@@ -140,8 +153,14 @@ def export_main(argv: Sequence[str] | None = None) -> Path:
     class_path = usage.get("class_path") or (saved.get("hyper_parameters") or {}).get("_class_path")
     if class_path is None:
         raise ValueError(f"{args.ckpt_path} names no lightning_dprel private model (no class path saved with it).")
-    module = _module_class(class_path).load_from_checkpoint(args.ckpt_path, map_location="cpu")
-    out = module.export(args.out, delta=args.delta)
+    from lightning_dprel.core.attached import LEDGER_KEY, restore_attached
+
+    attached = saved.get(LEDGER_KEY)  # a plain module made private by PrivacyCallback: its ledger travels beside it
+    cls = _made_private_class(class_path) if attached is not None else _module_class(class_path)
+    module = cls.load_from_checkpoint(args.ckpt_path, map_location="cpu")
+    if attached is not None:
+        restore_attached(module, attached)
+    out = export_model(module, args.out, delta=args.delta)
     report = json.loads((out / "privacy.json").read_text())
     print(f"exported {args.ckpt_path} to {out}: epsilon = {report['epsilon']} (delta = {report['delta']}), "
           f"steps = {report['steps']}, accounting: {report['accounting']}", flush=True)

@@ -15,7 +15,7 @@ CONFIGS = sorted(p for p in (Path(__file__).parent.parent / "configs").glob("*.y
 
 def test_configs_exist() -> None:
     names = {p.stem for p in CONFIGS}
-    assert {"default", "tiny"} <= names
+    assert {"default", "relational", "tiny", "entities_items_tiny"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)

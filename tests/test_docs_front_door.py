@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 METHODS = {  # docs page → (tiny config, full config)
-    "docs/relational.md": ("configs/tiny.yaml", "configs/default.yaml"),
+    "docs/relational.md": ("configs/tiny.yaml", "configs/relational.yaml"),
     "docs/dp_gcn.md": ("configs/dp_gcn_tiny.yaml", "configs/dp_gcn.yaml"),
     "docs/advsgm.md": ("configs/advsgm_tiny.yaml", "configs/advsgm.yaml"),
     "docs/dp_gpl.md": ("configs/dp_gpl_tiny.yaml", "configs/dp_gpl.yaml"),

@@ -61,8 +61,8 @@ def test_the_resume_command_replaces_an_earlier_checkpoint():
     assert cmd == "python -m lightning_dprel fit --config c.yaml --ckpt_path 'new dir/last.ckpt'"
 
 
-def test_the_main_job_checkpoints_by_default():
-    cfg = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+def test_the_relational_job_checkpoints_by_default():
+    cfg = yaml.safe_load((ROOT / "configs" / "relational.yaml").read_text())
     assert cfg["trainer"]["enable_checkpointing"] is True
     saver = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
     assert saver and saver[0]["init_args"]["save_last"] is True and saver[0]["init_args"]["every_n_train_steps"] <= 50

@@ -23,8 +23,8 @@ def _savers(config: Path) -> list[dict]:
 
 
 @pytest.mark.filterwarnings("ignore")  # "checkpoint directory exists and is not empty": the rerun, on purpose
-def test_a_rerun_of_the_main_job_overwrites_last_ckpt(tmp_path):
-    (saver,) = _savers(ROOT / "configs" / "default.yaml")
+def test_a_rerun_of_the_relational_job_overwrites_last_ckpt(tmp_path):
+    (saver,) = _savers(ROOT / "configs" / "relational.yaml")
     assert saver["save_last"] is True
     for steps in (4, 6):  # the same command twice; the second run is the one to resume
         callback = ModelCheckpoint(**{**saver, "every_n_train_steps": 2}, dirpath=tmp_path / "checkpoints")

@@ -15,7 +15,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 __all__ = ["ResumeHint", "resume_command", "checkpoint_problem"]
 
 _WHERE = ("a fit keeps the reported model in <default_root_dir>/model.ckpt and, with checkpointing on, the last "
-          "checkpoint in <default_root_dir>/checkpoints/last.ckpt (e.g. outputs/default/model.ckpt)")
+          "checkpoint in <default_root_dir>/checkpoints/last.ckpt (e.g. outputs/relational/model.ckpt)")
 
 
 def checkpoint_problem(path: str) -> str | None:
@@ -95,6 +95,6 @@ class ResumeHint(Callback):
         else:
             self.message = (
                 f"Interrupted after {steps} private steps with checkpointing off (trainer.enable_checkpointing: false): "
-                "nothing was kept. Turn it on (configs/default.yaml does) to resume after an interrupt."
+                "nothing was kept. Turn it on (configs/relational.yaml does) to resume after an interrupt."
             )
         print("\n" + self.message, flush=True)

@@ -23,11 +23,14 @@ from lightning_dprel.core.update_watch import public_update
 
 __all__ = ["ValidationSelection"]
 
-_MONITORS = ("mrr", "prec1")
+_MONITORS = ("mrr", "prec1", "map", "recall@20")
 
 
 def validation_graph_name(dm: Any) -> str:
     """The graph a RelationalDataModule validates on: its ``val_source``, else its source's own validation graph."""
+    named = getattr(dm, "validation_name", None)
+    if named:
+        return str(named)
     val = getattr(dm, "val_source", None)
     return repr(val) if val is not None else f"the validation graph of {getattr(dm, 'source', dm)!r}"
 
@@ -91,7 +94,10 @@ class ValidationSelection(Callback):
             self._last_step = step
         with public_update(pl_module):  # the public validation graph (its embeddings may be cached on the module)
             metrics = pl_module.ranking_metrics(trainer.datamodule.val_dataloader())
-        record = {"step": step, "prec1": metrics["prec1"], "mrr": metrics["mrr"]}
+        if self.monitor not in metrics:
+            raise ValueError(f"ValidationSelection(monitor={self.monitor!r}): {type(pl_module).__name__}.ranking_metrics "
+                             f"gives {sorted(metrics)}; monitor one of them.")
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         if candidate is not None:
             record["candidate"] = candidate
         self.history.append(record)
@@ -141,9 +147,6 @@ class ValidationSelection(Callback):
 
     def _record(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """What was released: the selected candidate and the (public) graph it was chosen on, for ``privacy.json``."""
-        public_data = getattr(pl_module, "public_data", None)
-        if not isinstance(public_data, dict):
-            return
         dm = trainer.datamodule
         record_public(pl_module, "selection", {
             "step": self.best_step, "candidate": self.best_candidate, "monitor": self.monitor, "score": self.best_score,

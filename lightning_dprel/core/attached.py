@@ -30,7 +30,8 @@ from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user
 from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
 __all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers",
-           "attached_ledger", "attached_public_data", "mark_released", "released_unchanged", "state_digest"]
+           "attached_ledger", "attached_public_data", "record_attached_public", "restore_attached", "mark_released", "released_unchanged",
+           "state_digest"]
 
 LEDGER_KEY = "lightning_dprel"
 _LEDGER_ATTR = "_lightning_dprel_ledger"
@@ -227,7 +228,7 @@ class AttachedDPSGD:
         if not self.view.checks_reduction or self.view.size(batch) < 2:
             return
         self._checked_reduction = True
-        module = self.module
+        batch, module = self.view.head(batch, 64), self.module  # 64 examples tell the reduction as well as all
         modes = {m: m.training for m in module.modules()}
         module.eval()  # dropout off (nn.Dropout and attention's own); BatchNorm is refused before
         rng = _RandomStates()  # every run draws what the first drew: a branch taken at random is taken alike
@@ -256,7 +257,7 @@ class AttachedDPSGD:
     # --- checkpoints and teardown ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What the checkpoint keeps under the ledger layer's key (as a lightning_dprel model's: ``{"ledger": …}``)."""
-        return {"ledger": self.privacy_ledger.state_dict()}
+        return {"ledger": self.privacy_ledger.state_dict(), "public_data": attached_public_data(self.module)}
 
     def detach(self) -> None:
         """Give the module its own ``training_step``, ``backward`` and batch hooks back (its ledger stays readable)."""
@@ -298,6 +299,20 @@ def attached_ledger(module: Any) -> PrivacyLedger | None:
 def attached_public_data(module: Any) -> dict:
     """What the data a plain module trained on declares public (its datamodule's ``public_data``)."""
     return dict(module.__dict__.get(_PUBLIC_ATTR, {}))
+
+
+def restore_attached(module: Any, state: dict) -> None:
+    """A plain module rebuilt from a checkpoint of its private fit: its ledger and public data, its weights as released."""
+    ledger = PrivacyLedger()
+    ledger.load_state_dict(state["ledger"])
+    module.__dict__[_LEDGER_ATTR] = ledger
+    module.__dict__[_PUBLIC_ATTR] = dict(state.get("public_data") or {})
+    mark_released(module)
+
+
+def record_attached_public(module: Any, key: str, value: Any) -> None:
+    """Add ``key`` (e.g. the checkpoint selection) to what a plain module's ``privacy.json`` declares public."""
+    module.__dict__.setdefault(_PUBLIC_ATTR, {})[key] = value
 
 
 class _RandomStates:

@@ -53,6 +53,14 @@ class ExampleView:
         """One stacked example (leading dimension removed) as the batch of one the user's step takes."""
         raise NotImplementedError
 
+    def head(self, batch: Any, n: int) -> Any:
+        """A batch of the first ``n`` examples (for a check that needs a few; a view that cannot cut keeps them all)."""
+        return batch
+
+    def in_dims(self, stacked: Any) -> Any:
+        """vmap's ``in_dims`` for :meth:`stacked`: 0 for every tensor (a view with shared tensors says None for them)."""
+        return tree_map(lambda t: 0, stacked)
+
     def describe(self) -> str:
         """What one example is, in the user's terms, for an error the user's step raised on it ("": nothing to add)."""
         return ""
@@ -76,9 +84,40 @@ def _text_fields(tree: Any, path: str = "batch") -> list[str]:
 
 
 class TensorRows(ExampleView):
-    """Row i of every tensor of the batch is example i (``TensorDataset``, dicts of tensors)."""
+    """Row i of every tensor of the batch is example i (``TensorDataset``, dicts of tensors).
+
+    ``shared`` names keys of a dict batch that every example shares whole, not by row: public randomness the datamodule
+    draws from the keyed stream independently of the data (a sampled softmax's item ids). Each example's batch of one
+    holds them as they are, and vmap does not map over them."""
+
+    def __init__(self, shared: tuple[str, ...] = ()) -> None:
+        self.shared = tuple(shared)
+
+    def _rows(self, batch: Any) -> Any:
+        if self.shared and isinstance(batch, Mapping):
+            return {k: v for k, v in batch.items() if k not in self.shared}
+        return batch
+
+    def head(self, batch: Any, n: int) -> Any:
+        if isinstance(batch, Mapping):
+            return {k: v if k in self.shared else tree_map(lambda t: t[:n], v) for k, v in batch.items()}
+        return tree_map(lambda t: t[:n], batch)
+
+    def in_dims(self, stacked: Any) -> Any:
+        if self.shared and isinstance(stacked, Mapping):
+            return {k: (tree_map(lambda t: None, v) if k in self.shared else tree_map(lambda t: 0, v))
+                    for k, v in stacked.items()}
+        return super().in_dims(stacked)
+
+    def examples(self, batch: Any) -> Iterator[Any]:
+        if not (self.shared and isinstance(batch, Mapping)):
+            yield from super().examples(batch)
+            return
+        for i in range(self.size(batch)):
+            yield {k: v if k in self.shared else tree_map(lambda t, i=i: t[i:i + 1], v) for k, v in batch.items()}
 
     def size(self, batch: Any) -> int:
+        batch = self._rows(batch)
         texts = _text_fields(batch)
         if texts:
             raise ValueError(
@@ -99,6 +138,8 @@ class TensorRows(ExampleView):
         return batch
 
     def one(self, example: Any) -> Any:
+        if self.shared and isinstance(example, Mapping):
+            return {k: v if k in self.shared else tree_map(lambda t: t.unsqueeze(0), v) for k, v in example.items()}
         return tree_map(lambda t: t.unsqueeze(0), example)
 
 

@@ -32,9 +32,16 @@ _MIXES = (
 )
 
 
-def concat_examples(parts: list[Any], what: str = "collate_fn") -> Any:
-    """Batches of one (the same structure each) concatenated along the example dimension."""
+def concat_examples(parts: list[Any], what: str = "collate_fn", shared: tuple[str, ...] = ()) -> Any:
+    """Batches of one (the same structure each) concatenated along the example dimension; a ``shared`` key (the view's
+    public per-step tensors) must come back equal from every example and is kept once."""
     first = parts[0]
+    if shared and isinstance(first, Mapping):
+        for k in shared:
+            if k in first and not all(same_batch(p[k], first[k]) for p in parts):
+                raise ValueError(f"{what} changed the shared public key {k!r} differently for different examples: it is "
+                                 "the same for every example of a step and may not depend on one example's data.")
+        return type(first)({k: first[k] if k in shared else concat_examples([p[k] for p in parts], what) for k in first})
     if isinstance(first, Tensor):
         if first.dim() == 0 or any(p.shape[1:] != first.shape[1:] for p in parts):
             raise ValueError(
@@ -129,7 +136,7 @@ class _PerExampleHook:
         if not self.trainer.training or not self.view.size(batch):
             return self.hook(batch, *args)
         examples = [_copy(ex) for ex in self.view.examples(batch)]  # the hook may edit its input in place
-        out = concat_examples([self.hook(ex, *args) for ex in examples], self.name)
+        out = concat_examples([self.hook(ex, *args) for ex in examples], self.name, getattr(self.view, "shared", ()))
         if not self.checked and len(examples) >= 2:
             check_per_example(lambda b: self.hook(b, *args), batch, examples[0], out,
                               f"{type(self.owner).__name__}.{self.name}")

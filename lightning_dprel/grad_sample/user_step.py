@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from lightning_dprel.core.example_views import ExampleView, tree_map
+from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.grad_sample.base import MaterializedGrads, PerTupleResult
 from lightning_dprel.grad_sample.loop import per_example_loop
 
@@ -94,7 +94,7 @@ def user_step_grads(module: nn.Module, step: Any, view: ExampleView, batch: Any,
                                    strict=False, tie_weights=False)
 
         stacked = view.stacked(batch)
-        in_dims = (None, tree_map(lambda t: 0, stacked))
+        in_dims = (None, view.in_dims(stacked))
         grads, losses = vmap(grad_and_value(loss_of), in_dims=in_dims, randomness="different",
                              chunk_size=chunk_size)(detached, stacked)
     return PerTupleResult(MaterializedGrads({n: grads[f"m.{n}"] for n in params}), losses.detach())

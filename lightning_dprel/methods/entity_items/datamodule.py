@@ -5,7 +5,9 @@ Each entity keeps ≤ K relations chosen by its own keyed hash (:func:`keyed_cap
 data. Two samplings of the same relations (``recipe``), both accounted by the ``entity_items`` mechanism:
 
 * ``"entity"`` — entity-as-example (user-level DP-SGD): Poisson entities at q = b/n, one example per entity holding
-  its ≤ K items, so one clip per entity (K = 1 in the SamplingSpec: Δ = C);
+  its ≤ K items, so one clip per entity (K = 1 in the SamplingSpec: Δ = C); with ``sampled_items`` S, each step also
+  draws S items from the public vocabulary, independently of the data, that every entity of the step shares as the
+  negatives of a sampled softmax (public randomness: the mechanism and Δ are unchanged);
 * ``"relation"`` — the core method's sampling: Poisson relations at γ = b/m, one tuple per relation with k negatives
   drawn from the public item vocabulary (0: the loss ranks all items), Δ = C·i for the entity's i sampled tuples.
 
@@ -54,11 +56,15 @@ class EntityItemDataModule(SteppedDataModule):
     Args:
         data: ``data[relation].edge_index`` ``[2, m]`` (entity row, item row); ``data[entity].ids`` (strings) and
             features ``x`` (or ``names``, embedded by ``transform``); the same for ``data[item]`` (public).
+        source: instead of ``data``, an object whose ``load()`` returns it (a config's ``class_path``, e.g.
+            :class:`~lightning_dprel.datamodules.datasets.HPODiseasePhenotypes`).
         relation: the edge type (entity type, name, item type), e.g. ``("disease", "has", "phenotype")``.
         recipe: ``"entity"`` (entity-as-example) or ``"relation"`` (the core method's sampling); see the module doc.
         max_relations: K, relations kept per entity (its keyed hash chooses which).
         expected_batch_size: b (entities or relations per step in expectation); the private step divides by b.
         neg_per_pos: k, public negatives per relation tuple (``"relation"`` only; 0: rank all items).
+        sampled_items: S, items drawn per step (uniformly, without replacement, from the keyed stream) as the shared
+            negatives of a sampled softmax (``"entity"`` only; 0: the loss ranks all items). Batch key ``"sampled"``.
         split: (train, validation, test) fractions of entities; validation entities are declared public.
         train_fraction: keep this share of the training entities (by a second public hash; a data-size curve).
         transform: e.g. :class:`~lightning_dprel.transforms.EmbedText`, for node types without ``x`` (uses ``names``).
@@ -70,11 +76,18 @@ class EntityItemDataModule(SteppedDataModule):
     example_view = TensorRows()
     state_version = 1
 
-    def __init__(self, data: HeteroData, *, relation: tuple[str, str, str] = ("disease", "has", "phenotype"),
+    def __init__(self, data: HeteroData | None = None, *, source: Any = None, relation: tuple[str, str, str] = ("disease", "has", "phenotype"),
                  recipe: str = "entity", max_relations: int = 20, expected_batch_size: float = 256.0,
-                 neg_per_pos: int = 0, split: tuple[float, float, float] = (0.8, 0.1, 0.1), train_fraction: float = 1.0,
+                 neg_per_pos: int = 0, sampled_items: int = 0, split: tuple[float, float, float] = (0.8, 0.1, 0.1), train_fraction: float = 1.0,
                  transform: Any = None, seed: int | None = None, eval_batch_size: int = 1024) -> None:
         super().__init__()
+        if (data is None) == (source is None):
+            raise ValueError("Give `data` (a HeteroData) or `source` (an object whose load() returns one), not both.")
+        self.source = source
+        if source is not None:
+            if not callable(getattr(source, "load", None)):
+                raise TypeError(f"`source` must have a load() method returning a HeteroData, got {type(source).__name__}.")
+            data = source.load()
         if not isinstance(data, HeteroData):
             raise TypeError(f"`data` must be a torch_geometric HeteroData, got {type(data).__name__}.")
         if not (isinstance(relation, (tuple, list)) and len(relation) == 3 and tuple(relation) in data.edge_types):
@@ -85,7 +98,13 @@ class EntityItemDataModule(SteppedDataModule):
         self.max_relations = check_int("max_relations", max_relations, 1)
         self.neg_per_pos = check_int("neg_per_pos", neg_per_pos, 0)
         if recipe == "entity" and self.neg_per_pos:
-            raise ValueError("`neg_per_pos` is for recipe='relation'; the entity recipe ranks all items.")
+            raise ValueError("`neg_per_pos` is for recipe='relation'; the entity recipe takes `sampled_items` (shared "
+                             "negatives of a sampled softmax) or ranks all items.")
+        self.sampled_items = check_int("sampled_items", sampled_items, 0)
+        if recipe == "relation" and self.sampled_items:
+            raise ValueError("`sampled_items` is for recipe='entity'; the relation recipe takes `neg_per_pos`.")
+        if self.sampled_items:
+            self.example_view = TensorRows(shared=("sampled",))
         if not 0.0 < float(train_fraction) <= 1.0:
             raise ValueError(f"`train_fraction` must be in (0, 1], got {train_fraction}.")
         self.b, self.train_fraction = float(expected_batch_size), float(train_fraction)
@@ -98,6 +117,9 @@ class EntityItemDataModule(SteppedDataModule):
         self.entity_ids, self.item_ids = self._ids(data, ent), self._ids(data, item)
         self.entity_x, self.item_x = self._features(data, ent, transform), self._features(data, item, transform)
         pairs = data[self.relation].edge_index
+        if self.sampled_items >= len(self.item_ids):
+            raise ValueError(f"`sampled_items` ({self.sampled_items}) must be below the {len(self.item_ids)} items; 0 "
+                             "ranks all items.")
         if pairs.dim() != 2 or pairs.size(0) != 2 or pairs.numel() == 0:
             raise ValueError(f"data[{self.relation}].edge_index must be a non-empty [2, m] tensor.")
         if int(pairs[0].max()) >= len(self.entity_ids) or int(pairs[1].max()) >= len(self.item_ids) or int(pairs.min()) < 0:
@@ -187,7 +209,11 @@ class EntityItemDataModule(SteppedDataModule):
         rows = torch.nonzero(self.stream.child(step, "sample").uniform(spec.num_edges) < spec.sampling_rate).view(-1)
         rows = rows[rank::world]
         if self.recipe == "entity":
-            return {"query": self.entity_x[self.train_entities[rows]], "items": self.entity_items[rows]}
+            batch = {"query": self.entity_x[self.train_entities[rows]], "items": self.entity_items[rows]}
+            if self.sampled_items:  # public: drawn from the stream alone, the same for every entity of the step
+                u = self.stream.child(step, "sampled").uniform(len(self.item_ids))
+                batch["sampled"] = torch.topk(u, self.sampled_items).indices
+            return batch
         ent, item = self.train_pairs[:, rows]
         batch = {"query": self.entity_x[ent], "items": item[:, None]}
         if self.neg_per_pos:
@@ -226,6 +252,44 @@ class EntityItemDataModule(SteppedDataModule):
         """The public item graph as (query features, target item): each item's text queries its graph neighbours."""
         child, parent = self.item_graph
         return self.item_x[child], parent
+
+    @property
+    def nouns(self) -> tuple[str, str, str, str]:
+        """(one entity, entities, relations, items) in the data's words: the source's ``nouns``, else the type names."""
+        ent, _, item = self.relation
+        return tuple(getattr(self.source, "nouns", None) or (f"{ent!r} entity", f"{ent!r} entities", "relations",
+                                                              f"{item!r} items"))
+
+    @property
+    def unit_text(self) -> str:
+        """The unit in the data's words, with the entities that are declared public and not protected."""
+        one, many, relations, items = self.nouns
+        return (f"one {one} with all its raw {relations} (add/remove; at most K = {self.max_relations} kept, chosen by "
+                f"its own keyed hash); {items} public; {int((self.part == 1).sum())} validation {many} declared public "
+                f"and not protected; {int((self.part == 2).sum())} test {many} for evaluation only")
+
+    def report_baselines(self, epsilon: float, delta: float) -> list[dict[str, Any]]:
+        """DP popularity at the same (ε, δ), on the test entities: a separate release, so the job's total is both."""
+        from lightning_dprel.methods.entity_items.evaluation import fast_ranking_metrics
+        from lightning_dprel.methods.entity_items.popularity import dp_item_popularity
+
+        counts, ledger = dp_item_popularity(self, epsilon, delta)
+        rows, target = self.eval_set(2)
+        scores = counts.float().expand(rows.numel(), -1)
+        metrics = fast_ranking_metrics(scores, target)
+        return [{"name": f"DP popularity (ε = {epsilon:g})", "metrics": {f"test_{k}": v for k, v in metrics.items()},
+                 "epsilon": ledger.epsilon(delta), "note": "its own release, not part of the model's ε"}]
+
+    #: Validation entities are a part of their own, declared public: checkpoint selection never reads the test part.
+    has_validation_graph = True
+
+    @property
+    def validation_name(self) -> str:
+        return f"the {int((self.part == 1).sum())} validation {self.nouns[1]} (declared public, not protected)"
+
+    @property
+    def test_name(self) -> str:
+        return self.nouns[1]
 
     @property
     def public_data(self) -> dict[str, Any]:
