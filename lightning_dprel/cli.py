@@ -6,9 +6,10 @@ and prints PREC@1 / MRR of both side by side on the held-out graph, with the pri
 (``--final_ckpt_path``); ``python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder>`` writes its
 trained weights, privacy report and ledger (:mod:`lightning_dprel.export`).
 
-Refused before any work: LightningCLI's ``--optimizer`` / ``--lr_scheduler`` for a ``DPRelationalModule`` (it builds
-its own DP optimizer), and a datamodule tokenizer that does not match the text encoder (by default the datamodule
-takes the encoder's own). With progress bars on, the bar counts steps (:mod:`lightning_dprel.progress`).
+Refused before any work, with one plain line and exit code 2 (:mod:`lightning_dprel.cli_errors`): a bad value, an
+abbreviated or unknown option, a config file that is no valid YAML, a GPU accelerator without a GPU, LightningCLI's
+``--optimizer`` / ``--lr_scheduler`` for a module that builds its own DP optimizer; and, once built, a datamodule
+tokenizer that does not match the text encoder (by default the datamodule takes the encoder's own). With progress bars on, the bar counts steps (:mod:`lightning_dprel.progress`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningCLI
 
 from lightning_dprel.callbacks.resume import ResumeHint, checkpoint_problem
+from lightning_dprel.cli_errors import PlainParser, accelerator_problem, yaml_problem
 from lightning_dprel.cli_report import baseline_rows, callback_privacy, reference_row, unit_text, write_report
 from lightning_dprel.progress import step_progress_bar
 
@@ -106,29 +108,35 @@ def _unchanged(before: dict[str, torch.Tensor] | None, model: LightningModule) -
     return now.keys() == before.keys() and all(torch.equal(now[n].detach().cpu(), v) for n, v in before.items())
 
 
-def _refuse_cli_optimizers(model: Any, optimizer: Any, lr_scheduler: Any) -> None:
-    """LightningCLI's automatic ``--optimizer`` / ``--lr_scheduler`` would replace a DPRelationalModule's DP optimizer."""
+def _cli_optimizer_problem(model: Any, optimizer: Any, lr_scheduler: Any) -> str | None:
+    """LightningCLI's automatic ``--optimizer`` / ``--lr_scheduler`` would replace the DP optimizer that a module on the
+    DP-SGD layer (:class:`~lightning_dprel.core.private_module.PrivateModule`) builds itself. A plain LightningModule
+    keeps them: the privacy callback wraps whatever optimizer it has."""
     if optimizer is None and lr_scheduler is None:
-        return
+        return None
     path = getattr(model, "class_path", None) if model is not None else None
-    from lightning_dprel.methods.relational.module import DPRelationalModule
+    from lightning_dprel.core.private_module import PrivateModule
 
+    name = "the module"
     if isinstance(path, str):
         module_name, _, name = path.rpartition(".")
-        cls = getattr(importlib.import_module(module_name), name, None)
-        if not (isinstance(cls, type) and issubclass(cls, DPRelationalModule)):
-            return
+        try:
+            cls = getattr(importlib.import_module(module_name), name, None)
+        except ImportError:
+            return None  # the parser names a missing module itself
+        if not (isinstance(cls, type) and issubclass(cls, PrivateModule)):
+            return None
     if optimizer is not None:
-        raise ValueError(
+        return (
             f"--optimizer {getattr(optimizer, 'class_path', optimizer)} would replace the module's optimizer, but "
-            "DPRelationalModule builds its own DPOptimizer (per-tuple clipping, one noise draw per step, the privacy "
-            "ledger) around Adam, AdamW or SGD: remove --optimizer (and --lr_scheduler) and set "
-            "--model.init_args.optimizer adam|adamw|sgd with --model.init_args.lr / weight_decay / momentum instead."
+            f"{name} builds its own DPOptimizer (clipping, one noise draw per step, the privacy ledger) around Adam, "
+            "AdamW or SGD: remove --optimizer (and --lr_scheduler) and set --model.init_args.optimizer adam|adamw|sgd "
+            "with --model.init_args.lr (and momentum) instead."
         )
-    raise ValueError(
-        f"--lr_scheduler {getattr(lr_scheduler, 'class_path', lr_scheduler)} is not supported: DPRelationalModule steps "
-        "its DPOptimizer by hand (manual optimization), so a scheduler given here would not be stepped; remove it "
-        "and keep a constant --model.init_args.lr."
+    return (
+        f"--lr_scheduler {getattr(lr_scheduler, 'class_path', lr_scheduler)} is not supported: {name} steps its "
+        "DPOptimizer by hand, so a scheduler given here would not be stepped; remove it and keep a constant "
+        "--model.init_args.lr."
     )
 
 
@@ -136,6 +144,7 @@ _HELP_DESCRIPTION = (
     "lightning_dprel: differentially private relational learning. Subcommands: fit | validate | test | predict "
     "(LightningCLI, below) and export (write a trained checkpoint's weights, privacy report and ledger)."
 )
+_HELP_USAGE = "python -m lightning_dprel [-h] [-c CONFIG] [--print_config[=flags]] {fit,validate,test,predict,export} ..."
 _HELP_EPILOG = (
     "export: python -m lightning_dprel export --ckpt_path <model.ckpt> --out <folder> [--delta D] writes the trained "
     "weights, privacy.json and ledger.json, without secrets (python -m lightning_dprel export --help)."
@@ -158,8 +167,15 @@ class DPRelCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 0)
-        kwargs["parser_kwargs"] = {"description": _HELP_DESCRIPTION, "epilog": _HELP_EPILOG, **(kwargs.get("parser_kwargs") or {})}
+        kwargs.setdefault("parser_class", PlainParser)  # plain one-line errors; no abbreviated options
+        kwargs["parser_kwargs"] = {"description": _HELP_DESCRIPTION, "epilog": _HELP_EPILOG, "prog": "python -m lightning_dprel",
+                                   **(kwargs.get("parser_kwargs") or {})}
         super().__init__(LightningModule, LightningDataModule, *args, **kwargs)
+
+    def setup_parser(self, *args: Any, **kwargs: Any) -> None:
+        super().setup_parser(*args, **kwargs)
+        if "usage" not in self.parser_kwargs:  # set after the subcommands, whose usage lines start from the main prog
+            self.parser.usage = _HELP_USAGE
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--compare_base", type=bool, default=True, help="Test the encoder before fine-tuning too.")
@@ -175,10 +191,10 @@ class DPRelCLI(LightningCLI):
     @staticmethod
     def link_optimizers_and_lr_schedulers(parser: Any) -> None:
         helps = {
-            "optimizer": "Refused for DPRelationalModule, which builds its own DPOptimizer: use --model.init_args.optimizer "
-            "adam|adamw|sgd (with lr, weight_decay, momentum) instead.",
-            "lr_scheduler": "Refused for DPRelationalModule (manual optimization: a scheduler would not be stepped); keep a "
-            "constant --model.init_args.lr.",
+            "optimizer": "Refused for the DP-SGD modules (relational, DP-GCN, AdvSGM), which build their own DPOptimizer: "
+            "use --model.init_args.optimizer adam|adamw|sgd (with lr, momentum) instead. A plain LightningModule keeps it.",
+            "lr_scheduler": "Refused for the DP-SGD modules (a scheduler would not be stepped); keep a constant "
+            "--model.init_args.lr.",
         }
         for action in parser._actions:
             if action.dest in helps:
@@ -186,17 +202,24 @@ class DPRelCLI(LightningCLI):
         LightningCLI.link_optimizers_and_lr_schedulers(parser)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse, then refuse a ``--ckpt_path`` that is missing or no checkpoint (e.g. a YAML config) with the usage and
-        the reason, exit code 2, before Lightning reads it for hyper-parameters and before any work."""
+        """Parse, refusing with one plain line and exit code 2, before any work: a config file that is no valid YAML, a
+        GPU accelerator without a GPU, ``--optimizer`` / ``--lr_scheduler`` for a module that builds its own DP
+        optimizer, and a ``--ckpt_path`` that is missing or no checkpoint (e.g. a YAML config)."""
+        if not isinstance(args, dict):
+            problem = yaml_problem(self._argv)
+            if problem:
+                parser.error(problem)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        problem = checkpoint_problem(ckpt_path) if ckpt_path else None
+        config = self.config[subcommand] if subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        problem = (
+            accelerator_problem(config.get("trainer.accelerator"))
+            or _cli_optimizer_problem(config.get("model"), config.get("optimizer"), config.get("lr_scheduler"))
+            or (checkpoint_problem(ckpt_path) if ckpt_path else None)
+        )
         if problem:
             parser.error(problem)
-
-    def before_instantiate_classes(self) -> None:
-        _refuse_cli_optimizers(self._get(self.config, "model"), self._get(self.config, "optimizer"), self._get(self.config, "lr_scheduler"))
 
     def after_instantiate_classes(self) -> None:
         match = getattr(self.datamodule, "match_encoder", None)  # default the tokenizer to the encoder's; refuse a mismatch

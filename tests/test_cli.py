@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -117,10 +118,11 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ],
     ids=["optimizer", "optimizer+scheduler", "scheduler"],
 )
-def test_cli_refuses_a_foreign_optimizer_before_any_work(extra, match, tmp_path, monkeypatch) -> None:
+def test_cli_refuses_a_foreign_optimizer_before_any_work(extra, match, tmp_path, monkeypatch, capsys) -> None:
     calls = _no_work(monkeypatch)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(SystemExit) as stop:
         main(["fit", "--config", "configs/tiny.yaml", "--trainer.default_root_dir", str(tmp_path), *extra])
+    assert stop.value.code == 2 and re.search(match, capsys.readouterr().err)
     assert calls == []
 
 

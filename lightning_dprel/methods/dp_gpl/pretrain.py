@@ -7,6 +7,8 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, DeepGraphInfomax, GAE
 from torch_geometric.utils import negative_sampling
 
+from lightning_dprel.progress import ProgressLog
+
 __all__ = ["GraphEncoder", "pretrain", "freeze", "PRETRAINING"]
 
 PRETRAINING = ("dgi", "edge_prediction", "none")
@@ -52,7 +54,8 @@ def pretrain(encoder: GraphEncoder, x: Tensor, edge_index: Tensor, *, method: st
     if model is not None and epochs > 0:
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         model.train()
-        for _ in range(int(epochs)):
+        log = ProgressLog(f"pre-training Φ ({method}) on the public graph", int(epochs), unit="epochs")
+        for epoch in range(int(epochs)):
             opt.zero_grad()
             if method == "dgi":
                 loss = model.loss(*model(x, edge_index))
@@ -62,6 +65,8 @@ def pretrain(encoder: GraphEncoder, x: Tensor, edge_index: Tensor, *, method: st
                 loss = model.recon_loss(z, edge_index, neg) if neg is not None else z.pow(2).mean()
             loss.backward()
             opt.step()
+            log.update(epoch + 1)
+        log.close()
     return freeze(encoder)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ from torch import Tensor, nn
 
 from lightning_dprel.methods.dp_gpl.egonets import EgoBatch
 from lightning_dprel.methods.dp_gpl.prompts import AnswerHead, build_prompt
+from lightning_dprel.progress import ProgressLog
 
 __all__ = ["PromptedModel", "TuningConfig", "tune_prompts", "teacher_votes", "train_teachers_and_vote"]
 
@@ -44,8 +46,10 @@ class PromptedModel(nn.Module):
         return [*self.prompt.parameters(), *self.head.parameters()]
 
 
-def tune_prompts(model: PromptedModel, x: Tensor, batch: EgoBatch, labels: Tensor, owner: Tensor | None = None) -> PromptedModel:
-    """Full-batch Adam on Σ_o mean CE of owner o's examples: each prompt learns from its own examples only."""
+def tune_prompts(model: PromptedModel, x: Tensor, batch: EgoBatch, labels: Tensor, owner: Tensor | None = None,
+                 on_epoch: Callable[[int], None] | None = None) -> PromptedModel:
+    """Full-batch Adam on Σ_o mean CE of owner o's examples: each prompt learns from its own examples only
+    (``on_epoch(e)`` after epoch e, counted from 1: progress)."""
     cfg = model.cfg
     if batch.size == 0:
         return model
@@ -54,11 +58,13 @@ def tune_prompts(model: PromptedModel, x: Tensor, batch: EgoBatch, labels: Tenso
     if owner is not None:
         weight = 1.0 / torch.bincount(owner, minlength=model.head.bias.shape[0]).clamp(min=1).float()[owner]
     model.train()
-    for _ in range(int(cfg.epochs)):
+    for epoch in range(int(cfg.epochs)):
         opt.zero_grad()
         loss = (F.cross_entropy(model(x, batch, owner), labels, reduction="none") * weight).sum()
         loss.backward()
         opt.step()
+        if on_epoch is not None:
+            on_epoch(epoch + 1)
     model.eval()
     return model
 
@@ -75,7 +81,9 @@ def train_teachers_and_vote(encoder: nn.Module, x: Tensor, examples: EgoBatch, l
                             chunk: int = 25, seed: int = 0) -> Tensor:
     """Votes [N, Q] (Alg. 2, steps 2-3): teacher i is tuned on the examples with ``teacher == i`` only, ``chunk`` teachers
     per batch, each from its own public initialisation (seed + 1 + i), so a teacher's vote is a function of its group."""
-    votes = []
+    votes, epochs = [], int(cfg.epochs)
+    log = ProgressLog(f"tuning {num_teachers} teacher prompts ({chunk} at a time)", num_teachers * epochs,
+                      unit="teacher-epochs")  # a chunk's epochs tune all its teachers at once
     for start in range(0, num_teachers, chunk):
         stop = min(start + chunk, num_teachers)
         model = PromptedModel(encoder, num_classes, cfg, num_prompts=stop - start)
@@ -87,6 +95,8 @@ def train_teachers_and_vote(encoder: nn.Module, x: Tensor, examples: EgoBatch, l
                 for mine, init in zip(model.trainable(), one.trainable()):
                     mine[j - start].copy_(init[0])
         idx = ((teacher >= start) & (teacher < stop)).nonzero().view(-1)
-        tune_prompts(model, x, examples.select(idx), labels[idx], teacher[idx] - start)
+        tune_prompts(model, x, examples.select(idx), labels[idx], teacher[idx] - start,
+                     on_epoch=lambda e, done=start * epochs, n=stop - start: log.update(done + e * n))
         votes.append(teacher_votes(model, x, queries))
+    log.close()
     return torch.cat(votes)
