@@ -9,7 +9,7 @@ validation graph, new texts), and nothing when progress bars are off.
 
 A bar redraws itself on a terminal only: when stdout is piped or logged, :func:`step_progress_bar` gives
 :class:`StepLogProgressBar` instead, which logs a plain line (step t/T, ε when logged, time left) at every tenth of
-the steps and at least every 30 s. :class:`ProgressLog` writes those lines, also for long phases outside the trainer
+the steps and at least every 10 s. :class:`ProgressLog` writes those lines, also for long phases outside the trainer
 (embedding texts, preparing graphs, the public warm start).
 """
 
@@ -176,12 +176,12 @@ class StepLogProgressBar(ProgressBar):
     estimate of the steps); without a finite T there are no lines.
 
     Args:
-        every: seconds between lines at most (default 30).
+        every: seconds between lines at most (default 10: piped output is never silent longer while steps run).
         fraction: a line at every multiple of this share of the steps (default 0.1; None: by time only).
         clock: seconds, monotonic (default :func:`time.monotonic`).
     """
 
-    def __init__(self, every: float = 30.0, fraction: float | None = 0.1, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, every: float = 10.0, fraction: float | None = 0.1, clock: Callable[[], float] | None = None) -> None:
         super().__init__()
         self.every, self.fraction, self.clock = float(every), fraction, clock
         self._enabled = True

@@ -24,6 +24,7 @@ TINY = {
     "dp_gcn_tiny": (SHORT, ()),
     "advsgm_tiny": (SHORT, ()),
     "pyg_mlp": (SHORT, ()),
+    "entities_items_tiny": (SHORT, ()),
     "dp_gpl_tiny": (["--trainer.max_epochs", "3", "--model.init_args.pretrain_epochs", "3",
                      "--model.init_args.teacher_epochs", "5", "--compare_base", "false", "--final_ckpt_path", "null"],
                     ("pre-training Φ (dgi) on the public graph", "tuning 30 teacher prompts")),
