@@ -262,12 +262,17 @@ class DPRelCLI(LightningCLI):
         title = report_title(self.model, self.datamodule)
         metrics = tuple(getattr(self.model, "report_metrics", _METRICS))
         rows = tuple(getattr(self.model, "report_rows", ("base (no fine-tuning)", "fine-tuned")))
-        baselines = baseline_rows(self.datamodule, privacy) if self.trainer.is_global_zero else []
+        ledger = next((cb.ledger for cb in self.trainer.callbacks if getattr(cb, "charges_privacy_ledger", False)), None)
+        baselines = baseline_rows(self.datamodule, privacy, ledger) if self.trainer.is_global_zero else []
         ref = reference_row(self._sub("reference_json"), self._sub("reference_row"), metrics)
         unit = unit_text(self.datamodule)
         report = format_report(self._base, tuned, privacy, f"{title}: {name}", selection, checkpoint, metrics, rows,
                                [(b["name"], b["metrics"]) for b in baselines], [(ref["name"], ref["metrics"])] if ref else [],
                                unit)
+        for b in baselines:
+            if b.get("epsilon_with_the_model") is not None:
+                report += (f"\nnote: {b['name']} is a release of its own (epsilon = {b['epsilon']:.4f}); the model and it "
+                           f"together spend epsilon = {b['epsilon_with_the_model']:.4f} at the same delta")
         if self.trainer.is_global_zero:
             table = ([{"name": rows[0], "metrics": self._base}] if self._base is not None else []) + baselines + [
                 {"name": rows[1], "metrics": tuned, "selection": selection}] + ([ref] if ref else [])

@@ -35,12 +35,13 @@ def callback_privacy(trainer: Any) -> dict[str, Any] | None:
             "bounds": {k: float(v) for k, v in other.items()}}
 
 
-def baseline_rows(datamodule: Any, privacy: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The datamodule's baselines at the run's (ε, δ) (``report_baselines``), each ``{"name", "metrics", ...}``."""
+def baseline_rows(datamodule: Any, privacy: dict[str, Any] | None, ledger: Any = None) -> list[dict[str, Any]]:
+    """The datamodule's baselines at the run's (ε, δ) (``report_baselines``), each ``{"name", "metrics", ...}``; the
+    model's ``ledger`` lets a baseline that is a release of its own say what both spend together."""
     make = getattr(datamodule, "report_baselines", None)
     if not callable(make) or not privacy or not math.isfinite(privacy.get("epsilon", math.inf)):
         return []
-    return list(make(privacy["target"] or privacy["epsilon"], privacy["delta"]))
+    return list(make(privacy["target"] or privacy["epsilon"], privacy["delta"], ledger=ledger))
 
 
 def reference_row(path: str | None, row: str, metrics: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:

@@ -63,7 +63,11 @@ def test_report_json_beside_the_checkpoint_holds_the_printed_numbers(run):
     assert report["epsilon"] <= 4.0 and report["bound"] == "pld" and report["bounds"]["rdp"] >= report["epsilon"]
     assert report["delta"] == pytest.approx(1 / (10 * report_n(tmp)), rel=1e-9)
     assert "not protected" in report["privacy_unit"]
-    assert rows["DP popularity (ε = 4)"]["epsilon"] <= 4.0 + 1e-9
+    pop = rows["DP popularity (ε = 4)"]
+    assert pop["epsilon"] <= 4.0 + 1e-9
+    # the job's two releases together: more than either, less than their sum (composed in one ledger, PLD)
+    assert max(pop["epsilon"], report["epsilon"]) < pop["epsilon_with_the_model"] < pop["epsilon"] + report["epsilon"]
+    assert f"together spend epsilon = {pop['epsilon_with_the_model']:.4f}" in printed
 
 
 def report_n(tmp: Path) -> int:

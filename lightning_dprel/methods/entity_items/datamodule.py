@@ -268,17 +268,27 @@ class EntityItemDataModule(SteppedDataModule):
                 f"its own keyed hash); {items} public; {int((self.part == 1).sum())} validation {many} declared public "
                 f"and not protected; {int((self.part == 2).sum())} test {many} for evaluation only")
 
-    def report_baselines(self, epsilon: float, delta: float) -> list[dict[str, Any]]:
-        """DP popularity at the same (ε, δ), on the test entities: a separate release, so the job's total is both."""
+    def report_baselines(self, epsilon: float, delta: float, ledger: Any = None) -> list[dict[str, Any]]:
+        """DP popularity at the same (ε, δ), on the test entities: a release of its own. With the model's ``ledger``
+        (not changed) the row also gives ε of both releases together, what the job as a whole spends."""
+        import copy
+
         from lightning_dprel.methods.entity_items.evaluation import fast_ranking_metrics
         from lightning_dprel.methods.entity_items.popularity import dp_item_popularity
 
-        counts, ledger = dp_item_popularity(self, epsilon, delta)
+        counts, own = dp_item_popularity(self, epsilon, delta)
+        both = None
+        if ledger is not None:
+            release_id, event = self.data_releases[-1]  # the release just made, charged beside the model's
+            joint = copy.deepcopy(ledger)
+            joint.charge_once(event, release_id)
+            both = joint.epsilon(delta)
         rows, target = self.eval_set(2)
         scores = counts.float().expand(rows.numel(), -1)
         metrics = fast_ranking_metrics(scores, target)
         return [{"name": f"DP popularity (ε = {epsilon:g})", "metrics": {f"test_{k}": v for k, v in metrics.items()},
-                 "epsilon": ledger.epsilon(delta), "note": "its own release, not part of the model's ε"}]
+                 "epsilon": own.epsilon(delta), "epsilon_with_the_model": both,
+                 "note": "its own release, not part of the model's ε"}]
 
     #: Validation entities are a part of their own, declared public: checkpoint selection never reads the test part.
     has_validation_graph = True
