@@ -134,9 +134,28 @@ class EntityItemDataModule(SteppedDataModule):
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
     def _ids(data: HeteroData, ntype: str) -> list[str]:
+        """The node type's ids (row numbers when it has none), after checking that every source of its node count
+        agrees: ``num_nodes`` when set, ``len(ids)``, ``len(names)``, ``x.size(0)`` (PyG's guess is never used)."""
         store = data[ntype]
-        ids = getattr(store, "ids", None)
-        ids = [str(i) for i in (ids if ids is not None else range(store.num_nodes))]
+        ids, names, x = (store[k] if k in store else None for k in ("ids", "names", "x"))
+        sizes = {}
+        if "num_nodes" in store and store["num_nodes"] is not None:
+            sizes["num_nodes"] = int(store["num_nodes"])
+        for key, value in (("ids", ids), ("names", names)):
+            if value is not None:
+                if isinstance(value, str) or not hasattr(value, "__len__"):
+                    raise ValueError(f"data[{ntype!r}].{key} must be a list with one entry per node, got "
+                                     f"{type(value).__name__}.")
+                sizes[f"len({key})"] = len(value)
+        if torch.is_tensor(x) and x.dim() >= 1:
+            sizes["x.size(0)"] = int(x.size(0))
+        if not sizes:
+            raise ValueError(f"data[{ntype!r}] has no `ids`, `names`, `x` or `num_nodes`: give its node ids (and features "
+                             "`x`, or `names` to embed), so that its node count is known.")
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"data[{ntype!r}] gives different node counts: "
+                             + ", ".join(f"{k} = {v:,}" for k, v in sizes.items()) + "; they must all be equal.")
+        ids = [str(i) for i in (ids if ids is not None else range(next(iter(sizes.values()))))]
         if len(set(ids)) != len(ids):
             raise ValueError(f"data[{ntype!r}].ids must be unique.")
         return ids
@@ -144,14 +163,22 @@ class EntityItemDataModule(SteppedDataModule):
     @staticmethod
     def _features(data: HeteroData, ntype: str, transform: Any) -> Tensor:
         store = data[ntype]
-        x = getattr(store, "x", None)
+        n = len(EntityItemDataModule._ids(data, ntype))  # the node count, every source of it checked to agree
+        x = store["x"] if "x" in store else None
         if x is None:
-            names = getattr(store, "names", None)
+            names = store["names"] if "names" in store else None
             if names is None or transform is None:
-                raise ValueError(f"data[{ntype!r}] needs features `x`, or `names` and a `transform` (e.g. EmbedText).")
+                raise ValueError(f"data[{ntype!r}] needs features `x`, or `names` and a `transform` (e.g. EmbedText); "
+                                 f"it has {', '.join(f'`{k}`' for k in store.keys()) or 'nothing'}.")
             x = transform.embeddings(list(names))
-        if not torch.is_tensor(x) or x.dim() != 2 or x.size(0) != store.num_nodes or not torch.isfinite(x).all():
-            raise ValueError(f"data[{ntype!r}].x must be a finite [num_nodes, d] tensor.")
+            if not torch.is_tensor(x) or x.dim() != 2 or x.size(0) != n:
+                raise ValueError(f"The transform gave {type(x).__name__} {tuple(getattr(x, 'shape', ()))} for the "
+                                 f"{n:,} names of data[{ntype!r}]; expected a [{n}, d] tensor.")
+        if not torch.is_tensor(x) or x.dim() != 2 or x.size(0) != n:
+            raise ValueError(f"data[{ntype!r}].x must be a [num_nodes, d] tensor ({n:,} nodes), got "
+                             f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}.")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"data[{ntype!r}].x must be finite (it holds NaN or inf).")
         return torch.nn.functional.normalize(x.float(), dim=1)
 
     def _item_graph(self, data: HeteroData, item: str) -> Tensor:
