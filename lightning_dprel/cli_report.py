@@ -65,7 +65,14 @@ def unit_text(datamodule: Any) -> str | None:
     if text:
         return str(text)
     unit = getattr(datamodule, "privacy_unit", None)
-    return None if unit is None else f"privacy unit {unit}"
+    if unit is None:
+        return None
+    from lightning_dprel.core.specs import privacy_unit
+
+    try:
+        return f"{unit}: {privacy_unit(unit).description}"
+    except ValueError:
+        return f"privacy unit {unit}"
 
 
 def write_report(path: Path, rows: list[dict[str, Any]], privacy: dict[str, Any] | None, unit: str | None,

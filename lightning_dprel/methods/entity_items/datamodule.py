@@ -83,18 +83,13 @@ class EntityItemDataModule(SteppedDataModule):
         super().__init__()
         if (data is None) == (source is None):
             raise ValueError("Give `data` (a HeteroData) or `source` (an object whose load() returns one), not both.")
-        self.source = source
-        if source is not None:
-            if not callable(getattr(source, "load", None)):
-                raise TypeError(f"`source` must have a load() method returning a HeteroData, got {type(source).__name__}.")
-            data = source.load()
-        if not isinstance(data, HeteroData):
-            raise TypeError(f"`data` must be a torch_geometric HeteroData, got {type(data).__name__}.")
-        if not (isinstance(relation, (tuple, list)) and len(relation) == 3 and tuple(relation) in data.edge_types):
-            raise ValueError(f"`relation` must be one of the data's edge types {data.edge_types}, got {relation!r}.")
+        if source is not None and not callable(getattr(source, "load", None)):
+            raise TypeError(f"`source` must have a load() method returning a HeteroData, got {type(source).__name__}.")
         if recipe not in RECIPES:
             raise ValueError(f"`recipe` must be one of {RECIPES}, got {recipe!r}.")
-        self.relation, self.recipe = tuple(relation), recipe
+        if not (isinstance(relation, (tuple, list)) and len(relation) == 3):
+            raise ValueError(f"`relation` must be an edge type (entity type, name, item type), got {relation!r}.")
+        self.source, self.relation, self.recipe = source, tuple(relation), recipe
         self.max_relations = check_int("max_relations", max_relations, 1)
         self.neg_per_pos = check_int("neg_per_pos", neg_per_pos, 0)
         if recipe == "entity" and self.neg_per_pos:
@@ -113,6 +108,31 @@ class EntityItemDataModule(SteppedDataModule):
             self.warn_seeded(f"EntityItemDataModule(seed={seed})")
         self.stream = KeyedStream.secret("entity_items") if seed is None else KeyedStream.seeded(seed, "entity_items", warn=False)
         self._step = 0
+        entity_split([], tuple(float(f) for f in split))  # the fractions checked now, whenever the data comes
+        self._pending = (transform, tuple(float(f) for f in split))
+        if data is not None:  # given data is read now; a source's is loaded at setup (or first use), not when configured
+            self._load(data)
+
+    _LOADED = frozenset({"entity_ids", "item_ids", "entity_x", "item_x", "item_graph", "part", "all_pairs", "train_pairs",
+                         "train_entities", "entity_items"})
+
+    def __getattr__(self, name: str) -> Any:
+        if name in EntityItemDataModule._LOADED and self.__dict__.get("_pending") is not None and "source" in self.__dict__:
+            self._load(self.source.load())
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def setup(self, stage: str) -> None:
+        if self.__dict__.get("_pending") is not None:
+            self._load(self.source.load())
+
+    def _load(self, data: HeteroData) -> None:
+        """Read the data: ids, features, the split, the keyed cap and the per-entity item rows."""
+        transform, split = self._pending
+        if not isinstance(data, HeteroData):
+            raise TypeError(f"`data` must be a torch_geometric HeteroData, got {type(data).__name__}.")
+        if self.relation not in data.edge_types:
+            raise ValueError(f"`relation` must be one of the data's edge types {data.edge_types}, got {self.relation!r}.")
         ent, _, item = self.relation
         self.entity_ids, self.item_ids = self._ids(data, ent), self._ids(data, item)
         self.entity_x, self.item_x = self._features(data, ent, transform), self._features(data, item, transform)
@@ -125,11 +145,12 @@ class EntityItemDataModule(SteppedDataModule):
         if int(pairs[0].max()) >= len(self.entity_ids) or int(pairs[1].max()) >= len(self.item_ids) or int(pairs.min()) < 0:
             raise ValueError("edge_index holds a row outside its node type's range.")
         self.item_graph = self._item_graph(data, item)
-        self.part = entity_split(self.entity_ids, tuple(float(f) for f in split))
+        self.part = entity_split(self.entity_ids, split)
         if self.train_fraction < 1.0:
             keep = torch.tensor([_unit_hash("train_fraction", i) < self.train_fraction for i in self.entity_ids])
             self.part = torch.where((self.part == 0) & ~keep, torch.full_like(self.part, -1), self.part)
         self._build(torch.unique(pairs.long(), dim=1))  # a repeated (entity, item) pair is one relation
+        self._pending = None
 
     # -- construction ------------------------------------------------------------------------------------------
     @staticmethod
