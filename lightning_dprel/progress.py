@@ -119,17 +119,20 @@ class ProgressLog:
             the time left uses the rate of this phase only.
         fraction: also a line at every multiple of ``fraction · total`` (0.1: every tenth), however soon.
         clock: seconds, monotonic (default :func:`time.monotonic`; tests pass their own).
+        write: where each line goes instead of Lightning's logger (e.g. straight to stderr where that logger is
+            muted, as in the audit command).
     """
 
     def __init__(self, what: str, total: int, *, unit: str = "items", every: float = 5.0, enabled: bool = True,
                  work: float | None = None, first: int = 0, fraction: float | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, write: Callable[[str], None] | None = None) -> None:
         if fraction is not None and not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"`fraction` must be in (0, 1] or None, got {fraction!r}.")
         self.what, self.total, self.unit, self.every, self.enabled = what, int(total), unit, float(every), bool(enabled)
         self.first = int(first)
         self.work = float(work) if work is not None else float(self.total - self.first)
         self.fraction = None if fraction is None else float(fraction)
+        self._write = write
         self._clock = clock if clock is not None else (lambda: time.monotonic())  # looked up per call: patchable
         self._mark = self._share(self.first)
         self.start = self.last = self._clock()
@@ -143,7 +146,9 @@ class ProgressLog:
         return math.floor(done / (self.fraction * self.total) + 1e-9)
 
     def _say(self, line: str) -> None:
-        if self.enabled:
+        if self.enabled and self._write is not None:
+            self._write(line)
+        elif self.enabled:
             from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
             rank_zero_info(line)
@@ -179,11 +184,14 @@ class StepLogProgressBar(ProgressBar):
         every: seconds between lines at most (default 10: piped output is never silent longer while steps run).
         fraction: a line at every multiple of this share of the steps (default 0.1; None: by time only).
         clock: seconds, monotonic (default :func:`time.monotonic`).
+        what: the phase the lines name (default ``"training"``).
+        write: where each line goes (default: Lightning's logger; see :class:`ProgressLog`).
     """
 
-    def __init__(self, every: float = 10.0, fraction: float | None = 0.1, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, every: float = 10.0, fraction: float | None = 0.1, clock: Callable[[], float] | None = None, *,
+                 what: str = "training", write: Callable[[str], None] | None = None) -> None:
         super().__init__()
-        self.every, self.fraction, self.clock = float(every), fraction, clock
+        self.every, self.fraction, self.clock, self.what, self.write = float(every), fraction, clock, what, write
         self._enabled = True
         self._log: ProgressLog | None = None
 
@@ -201,8 +209,8 @@ class StepLogProgressBar(ProgressBar):
         total = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 else trainer.estimated_stepping_batches
         self._log = None
         if self._enabled and isinstance(total, (int, float)) and math.isfinite(total) and total > trainer.global_step:
-            self._log = ProgressLog("training", int(total), unit="steps", every=self.every, fraction=self.fraction,
-                                    first=int(trainer.global_step), clock=self.clock)
+            self._log = ProgressLog(self.what, int(total), unit="steps", every=self.every, fraction=self.fraction,
+                                    first=int(trainer.global_step), clock=self.clock, write=self.write)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._log is None:

@@ -83,3 +83,56 @@ def test_every_other_config_parses(config, capsys):
     out = capsys.readouterr().out
     assert stop.value.code == 0 and "class_path:" in out and "max_steps:" in out
     assert "enable_progress_bar: false" not in out, "progress is off: piped runs of this config say nothing while training"
+
+
+AUDITS = sorted((ROOT / "configs").glob("audit*.yaml"))
+
+
+def _short_audit(config: Path, tmp: Path) -> Path:
+    """``config`` made tiny: few canaries, at most 2 steps per white-box setting, one black-box setting of 3 short fits
+    on a small graph (its own settings otherwise: the progress lines come from the same code)."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg.update(num_canaries=min(int(cfg.get("num_canaries", 200)), 200), seed=3, output=str(tmp / f"{config.stem}.json"))
+    cfg["settings"] = [{**s, "steps": min(int(s.get("steps", 2)), 2)} for s in cfg["settings"]]
+    if cfg.get("blackbox"):
+        private = [s for s in cfg["blackbox"]["settings"] if s != "nonprivate"]
+        cfg["blackbox"].update(settings=private[:1] or cfg["blackbox"]["settings"][:1], num_canaries=32, degree=2, epochs=2,
+                               background_nodes=100, background_edges=200, expected_batch_size=16)
+    short = tmp / f"{config.stem}_short.yaml"
+    short.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    return short
+
+
+@pytest.mark.parametrize("config", AUDITS, ids=lambda p: p.stem)
+def test_an_audit_config_runs_piped_and_shows_its_progress_on_stderr(config, tmp_path):
+    short = _short_audit(config, tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(  # piped, as in a log: the audit mutes Lightning's messages but not its own progress
+        [sys.executable, "-m", "lightning_dprel.audit", "--config", str(short)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-3000:]
+    err, cfg = done.stderr, __import__("yaml").safe_load(short.read_text())
+    total = len(cfg["settings"])
+    assert re.search(rf"^audit: white-box, {total} settings on .* …$", err, re.M), err[-3000:]
+    for i, setting in enumerate(cfg["settings"], 1):  # a line per setting: its name, done/total and seconds
+        assert re.search(rf"^audit: white-box {i}/{total} {re.escape(repr(setting['name']))} done in [0-9.]+ s", err, re.M), err[-3000:]
+    if cfg.get("blackbox"):
+        name = cfg["blackbox"]["settings"][0]
+        assert re.search(rf"^audit: black-box, 1 setting \({name}\), 3 fits each …$", err, re.M), err[-3000:]
+        for fit, world in enumerate(("secret coins", "all in", "all out"), 1):
+            head = re.escape(f"audit: black-box 1/1 {name} fit {fit}/3")
+            assert re.search(rf"^{head} \({world}\) …$", err, re.M), err[-3000:]  # the fit starts
+            assert re.search(rf"^{head} training: \d+ steps …$", err, re.M), err[-3000:]
+            assert re.search(rf"^{head} training: \d+/\d+ steps \(\d+ %\)", err, re.M), err[-3000:]  # its steps
+            assert re.search(rf"^{head} training: (\d+)/\1 steps done in [0-9.]+ s$", err, re.M), err[-3000:]
+            assert re.search(rf"^{head} \({world}\) done in [0-9.]+ s$", err, re.M), err[-3000:]  # and ends
+        assert "Black-box audit" in done.stdout
+    assert "Empirical privacy audit" in done.stdout and "audit:" not in done.stdout  # tables on stdout, progress on stderr
+    for noise in ("GPU available", "LOCAL_RANK", "`Trainer.fit` stopped", "Missing logger folder"):
+        assert noise not in err, noise  # Lightning's own messages stay muted
+    print(f"{config.stem} (shortened): {seconds:.1f} s end to end")

@@ -3,7 +3,14 @@
 Privacy unit audited: one entity (a node with all its relations), add/remove — the library's
 :data:`~lightning_dprel.core.specs.PRIVACY_UNIT`. A lower bound above a proven ε is a violation: report it.
 ``python -m lightning_dprel.audit --config configs/audit_tiny.yaml``; docs/audit.md.
+
+The LiRA and PATE audits load on first use (torchmetrics, DP-GPL): the command starts, and says so, seconds sooner.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from lightning_dprel.audit.bounds import (
     OneRunBound,
@@ -15,19 +22,14 @@ from lightning_dprel.audit.bounds import (
     two_run_audit,
 )
 from lightning_dprel.audit.canaries import CanaryGraph, canary_graph, secret_coins
-from lightning_dprel.audit.lira import (
-    DPCheck,
-    RocSummary,
-    TprCheck,
-    dp_tpr_check,
-    lira_scores,
-    logit_confidence,
-    logit_confidence_from_logits,
-    roc_summary,
-)
-from lightning_dprel.audit.pate import PateAudit, audit_confident_gnmax, neighbouring_histograms
 from lightning_dprel.audit.runner import AuditRecord, audit_setting, proven_epsilons
 from lightning_dprel.audit.whitebox import CanaryGrads, WhiteBoxSetting, canary_scores
+
+_LAZY = {
+    **dict.fromkeys(("DPCheck", "RocSummary", "TprCheck", "dp_tpr_check", "lira_scores", "logit_confidence",
+                     "logit_confidence_from_logits", "roc_summary"), "lightning_dprel.audit.lira"),
+    **dict.fromkeys(("PateAudit", "audit_confident_gnmax", "neighbouring_histograms"), "lightning_dprel.audit.pate"),
+}
 
 __all__ = [
     "AuditRecord",
@@ -58,3 +60,9 @@ __all__ = [
     "neighbouring_histograms",
     "roc_summary",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lightning_dprel.audit' has no attribute {name!r}")

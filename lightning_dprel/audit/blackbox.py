@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from lightning_dprel.encoders import MLPEncoder
 from lightning_dprel.methods.relational.losses import pair_scores
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.progress import StepLogProgressBar
 
 __all__ = [
     "SCORES",
@@ -198,11 +200,14 @@ def train_world(
     entities: CanaryEntities, included: Tensor, setting: str, *, steps: int, delta: float, target_epsilon: float = 8.0,
     expected_batch_size: float = 32.0, neg_per_pos: int = 4, lr: float = 0.01, hidden_dim: int = 64, out_dim: int = 32,
     clip_norm: float = 1.0, temperature: float = 0.1, init_seed: int = 0,
+    progress: Callable[[str], None] | None = None, progress_label: str = "training",
 ) -> TrainedWorld:
     """Train ``DPRelationalModule`` (MLP encoder, cosine InfoNCE) on one world with a CPU ``Trainer`` for ``steps`` steps.
 
     Private settings: σ calibrated by :class:`PrivacyCallback` to spend ``target_epsilon`` at ``delta``, sampling and
     noise secret; the proven ε is the ledger's. ``"nonprivate"``: ``clipping="none"``, σ = 0, ε = ∞.
+    ``progress``: where to write plain step lines (``progress_label``: step t/T, ε, time left; every tenth of the
+    steps and at least every 5 s), e.g. a function printing to stderr; None (default): silent.
     """
     if setting not in SETTINGS:
         raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
@@ -216,10 +221,12 @@ def train_world(
         accounting=accounting, clip_norm=clip_norm, noise_multiplier=1.0 if private else 0.0, chunk_size=None,
     )
     dm = world_datamodule(entities, included, expected_batch_size=expected_batch_size, neg_per_pos=neg_per_pos)
-    callbacks = [PrivacyCallback(target_epsilon=target_epsilon, delta=delta, calibrate=True)] if private else []
+    callbacks: list[Any] = [PrivacyCallback(target_epsilon=target_epsilon, delta=delta, calibrate=True)] if private else []
+    if progress is not None:  # reads the step count and the logged ε only: the run itself is unchanged
+        callbacks.append(StepLogProgressBar(every=5.0, fraction=0.1, what=progress_label, write=progress))
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        enable_progress_bar=progress is not None, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
         use_distributed_sampler=False, callbacks=callbacks,
     )
     start = time.perf_counter()
@@ -286,14 +293,17 @@ def blackbox_audit(
     setting: str = "nonprivate", *, num_canaries: int = 128, degree: int = 4, epochs: int = 20, delta: float = 1e-5,
     confidence: float = 0.95, two_run: bool = True, score: str = "relative", coins: Tensor | None = None,
     stream: KeyedStream | None = None, background_nodes: int = 200, background_edges: int = 400, dim: int = 16,
-    seed: int = 0, expected_batch_size: float = 32.0, neg_per_pos: int = 4, **train: Any,
+    seed: int = 0, expected_batch_size: float = 32.0, neg_per_pos: int = 4,
+    progress: Callable[[str], None] | None = None, **train: Any,
 ) -> BlackBoxAudit:
     """Audit ``setting`` (a key of :data:`SETTINGS`) by real training: one run on secret coins (Steinke et al.), and
     with ``two_run`` one all-in and one all-out run (Clopper–Pearson thresholds; they treat the m in- and out-scores
     as independent trials, an assumption: the two models differ in all m canaries).
 
     Every run takes ``epochs`` × the all-in world's steps per epoch (so the step count never depends on the coins);
-    ``train`` goes to :func:`train_world` (``target_epsilon``, ``lr``, ``hidden_dim``, …).
+    ``train`` goes to :func:`train_world` (``target_epsilon``, ``lr``, ``hidden_dim``, …). ``progress``: where to write
+    plain progress lines (e.g. a function printing to stderr): one as each fit starts and ends, and step lines during
+    it (:func:`train_world`); None (default): silent.
     """
     if setting not in SETTINGS:
         raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
@@ -308,17 +318,28 @@ def blackbox_audit(
     plan = world_datamodule(entities, torch.ones(num_canaries, dtype=torch.bool), **sizes)
     plan.setup("fit")  # public: the all-in world's steps per epoch
     steps = epochs * plan.sampling_spec.steps_per_epoch
+    fits = 3 if two_run else 1
+    fit = 0
 
-    def run(included: Tensor) -> tuple[TrainedWorld, Tensor]:
-        world = train_world(entities, included, setting, steps=steps, delta=delta, **sizes, **train)
-        return world, membership_scores(world.module, entities, score=score)
+    def run(included: Tensor, world_name: str) -> tuple[TrainedWorld, Tensor]:
+        nonlocal fit
+        fit += 1
+        label, start = f"{setting} fit {fit}/{fits}", time.perf_counter()
+        if progress is not None:
+            progress(f"{label} ({world_name}) …")  # no count of the coins: they stay secret
+        world = train_world(entities, included, setting, steps=steps, delta=delta, **sizes, **train, progress=progress,
+                            progress_label=f"{label} training")
+        scores = membership_scores(world.module, entities, score=score)
+        if progress is not None:
+            progress(f"{label} ({world_name}) done in {time.perf_counter() - start:.1f} s")
+        return world, scores
 
     each = 1.0 - (1.0 - confidence) / 2.0 if two_run else confidence  # Bonferroni over the two bounds
-    main, scores = run(coins)
+    main, scores = run(coins, "secret coins")
     one = one_run_audit(scores.numpy(), coins.numpy(), delta=delta, confidence=each)
     two, ins, outs, seconds = None, None, None, main.seconds
     if two_run:
-        (w_in, ins), (w_out, outs) = run(torch.ones_like(coins)), run(torch.zeros_like(coins))
+        (w_in, ins), (w_out, outs) = run(torch.ones_like(coins), "all in"), run(torch.zeros_like(coins), "all out")
         two = two_run_audit(ins.numpy(), outs.numpy(), delta=delta, confidence=each)
         seconds += w_in.seconds + w_out.seconds
     return BlackBoxAudit(

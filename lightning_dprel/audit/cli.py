@@ -2,7 +2,9 @@
 
 The config names the canary design, the number of canaries m, their degree K, δ, the confidence, the JSON
 output path, and a list of settings (:class:`~lightning_dprel.audit.whitebox.WhiteBoxSetting` fields). Exit
-status 0; 3 when an audited lower bound exceeds a proven ε (a violation: report it as a bug).
+status 0; 3 when an audited lower bound exceeds a proven ε (a violation: report it as a bug). The tables go to
+stdout; plain progress lines (``audit: …``: each white-box setting, each black-box fit and its steps) go to stderr,
+also when piped, while Lightning's own per-fit messages stay muted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,28 +61,53 @@ def _settings(cfg: dict[str, Any]) -> list[WhiteBoxSetting]:
     return out
 
 
-def run_config(cfg: dict[str, Any]) -> list[AuditRecord]:
-    """Audit every setting of a loaded config on one canary graph."""
-    graph = canary_graph(
-        cfg.get("design", "freq_adversarial"), int(cfg.get("num_canaries", 2000)), int(cfg.get("degree", 10)),
-        extra_nodes=int(cfg.get("extra_nodes", 0)),
-    )
+def say(line: str) -> None:
+    """One progress line on stderr, flushed (the command's progress: plain lines, also when piped)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def run_config(cfg: dict[str, Any], progress: Callable[[str], None] | None = None) -> list[AuditRecord]:
+    """Audit every setting of a loaded config on one canary graph; ``progress`` (e.g. :func:`say`) gets a line as the
+    audit starts and one per setting done (name, done/total, seconds)."""
+    settings = _settings(cfg)
+    design, m, k = cfg.get("design", "freq_adversarial"), int(cfg.get("num_canaries", 2000)), int(cfg.get("degree", 10))
+    start = time.perf_counter()
+    if progress is not None:
+        progress(f"audit: white-box, {_count(len(settings), 'setting')} on {design} canaries (m = {m:,}, K = {k}) …")
+    graph = canary_graph(design, m, k, extra_nodes=int(cfg.get("extra_nodes", 0)))
     records = []
-    for setting in _settings(cfg):
+    for i, setting in enumerate(settings, 1):
+        began = time.perf_counter()
         records.append(
             audit_setting(graph, setting, delta=float(cfg.get("delta", 1e-5)), confidence=float(cfg.get("confidence", 0.95)),
                           seed=cfg.get("seed"))
         )
+        if progress is not None:
+            now = time.perf_counter()
+            progress(f"audit: white-box {i}/{len(settings)} {setting.name!r} done in {now - began:.1f} s "
+                     f"({now - start:.0f} s elapsed)")
     return records
 
 
-def run_blackbox(cfg: dict[str, Any]) -> list[Any]:
-    """The config's optional ``blackbox`` section: real training, released model only (``audit.blackbox``)."""
+def run_blackbox(cfg: dict[str, Any], progress: Callable[[str], None] | None = None) -> list[Any]:
+    """The config's optional ``blackbox`` section: real training, released model only (``audit.blackbox``);
+    ``progress`` (e.g. :func:`say`) gets a line as each fit starts and ends and step lines during each fit."""
     section = cfg.get("blackbox")
     if not section:
         return []
     if not isinstance(section, dict) or not isinstance(section.get("settings"), list):
         raise SystemExit("audit: `blackbox` must be a mapping with a list `settings` (e.g. [nonprivate, freq_corrected]).")
+    if "progress" in section:
+        raise SystemExit("audit: `progress` is no `blackbox` key: the command always prints progress lines to stderr.")
+    names = section["settings"]
+    if progress is not None:  # before Lightning's import, which takes seconds
+        fits = 1 if section.get("two_run") is False else 3
+        progress(f"audit: black-box, {_count(len(names), 'setting')} ({', '.join(map(str, names))}), "
+                 f"{_count(fits, 'fit')} each …")
     from lightning_dprel.audit.blackbox import (
         blackbox_audit,  # Lightning only when asked for
     )
@@ -87,9 +115,13 @@ def run_blackbox(cfg: dict[str, Any]) -> list[Any]:
     kwargs = {k: v for k, v in section.items() if k != "settings"}
     kwargs.setdefault("delta", float(cfg.get("delta", 1e-5)))
     kwargs.setdefault("confidence", float(cfg.get("confidence", 0.95)))
+
+    def each(i: int) -> Callable[[str], None] | None:
+        return None if progress is None else (lambda line: progress(f"audit: black-box {i}/{len(names)} {line}"))
+
     try:
         with _quiet():
-            return [blackbox_audit(name, **kwargs) for name in section["settings"]]
+            return [blackbox_audit(name, progress=each(i), **kwargs) for i, name in enumerate(names, 1)]
     except TypeError as err:
         raise SystemExit(f"audit: bad `blackbox` section: {err}") from None
 
@@ -180,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = _load(args.config)
     start = time.perf_counter()
-    records = run_config(cfg)
-    print(format_audit(records, cfg))
-    blackbox = run_blackbox(cfg)
+    records = run_config(cfg, progress=say)
+    print(format_audit(records, cfg), flush=True)
+    blackbox = run_blackbox(cfg, progress=say)
     if blackbox:
         print(format_blackbox(blackbox))
     out = args.output or cfg.get("output")
