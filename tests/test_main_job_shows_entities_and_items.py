@@ -98,3 +98,28 @@ def test_the_hpo_main_job_is_this_recipe_at_epsilon_4():
     assert data["source"]["class_path"].endswith("HPODiseasePhenotypes") and data["sampled_items"] > 0
     ref = json.loads((ROOT / cfg["reference_json"]).read_text())
     assert cfg["reference_row"] in ref["summary"]
+
+
+def test_the_reported_epsilons_match_dp_accounting(run):
+    """The model's ε and the job's (the model and DP popularity composed) against dp-accounting's PLD accountant."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from lightning_dprel.methods.entity_items.popularity import gaussian_sigma_for
+
+    tmp, _ = run
+    report = json.loads((tmp / "report.json").read_text())
+    delta, n = report["delta"], report_n(tmp)
+    steps = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(256 / n, dp_accounting.GaussianDpEvent(report["sigma"])), report["steps"])
+
+    def reference(*events) -> float:
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        for e in events:
+            acc.compose(e)
+        return acc.get_epsilon(delta)
+
+    pop = next(r for r in report["rows"] if r["name"].startswith("DP popularity"))
+    assert -1e-6 <= report["epsilon"] - reference(steps) <= 5e-3
+    joint = reference(steps, dp_accounting.GaussianDpEvent(gaussian_sigma_for(4.0, delta)))
+    assert -1e-6 <= pop["epsilon_with_the_model"] - joint <= 5e-3
