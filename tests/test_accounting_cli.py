@@ -54,6 +54,7 @@ def test_plot(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_module_entry_point():
     cmd = [sys.executable, "-m", "lightning_dprel.accounting", "epsilon", *BASE, "--noise-multiplier", "2.0",
            "--clipping", "naive", "--delta", "1e-5", "--json"]

@@ -37,6 +37,7 @@ def _cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 
 # --------------------------------------------------------------------------------------------- A: huge K
+@pytest.mark.slow
 def test_cli_answers_for_a_huge_max_degree_within_10_seconds():
     t0 = time.perf_counter()
     res = _cli("epsilon", "--nodes", "2708", "--edges", "5000", "--max-degree", "1000000", "--sampling-rate", "0.01",
@@ -58,6 +59,7 @@ def test_a_degree_bound_above_the_accountant_limit_is_refused_with_a_reason():
     assert "Lower max_degree" in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["freq", "standard"])
 @pytest.mark.parametrize("n,m,gamma,k,sigma", [(300, 400, 0.05, 1, 2.0), (500, 400, 0.2, 1, 3.0),
                                                (300, 400, 0.2, 0, 3.0), (2708, 4000, 0.01, 1, 1.0)])
@@ -237,10 +239,12 @@ def _heavy_modules(prelude: str, tmp_path) -> list[str]:
     return [m for m in line[len("HEAVY="):].split(",") if m]
 
 
+@pytest.mark.slow
 def test_accounting_package_imports_no_torch(tmp_path):
     assert _heavy_modules(_BARE_PACKAGE.format(root=str(ROOT)), tmp_path) == []
 
 
+@pytest.mark.slow
 def test_accounting_cli_imports_no_torch(tmp_path):
     # Needs lightning_dprel/__init__.py to load the batch records (which import torch) lazily.
     assert _heavy_modules("", tmp_path) == []

@@ -19,6 +19,7 @@ def _base(n: int, m: int) -> Data:
     return Data(edge_index=ei[:, ei[0] != ei[1]], num_nodes=n)
 
 
+@pytest.mark.slow
 def test_the_paper_modes_audit_beats_its_nominal_epsilon():
     audit = skipgram_audit(_base(2000, 16000), mode="paper", canaries=300, target_epsilon=1.0,
                            datamodule=dict(batch_size=128, neg_per_pos=2), module=dict(dim=8, lr=0.1),
@@ -29,6 +30,7 @@ def test_the_paper_modes_audit_beats_its_nominal_epsilon():
     assert audit.violation is False or audit.epsilon_proven == float("inf")
 
 
+@pytest.mark.slow
 def test_a_provable_audit_stays_below_the_proven_epsilon():
     audit = skipgram_audit(_base(300, 1500), mode="provable", canaries=200, target_epsilon=2.0, steps=60,
                            datamodule=dict(max_degree=5, expected_batch_size=40, neg_per_pos=2),
@@ -39,6 +41,7 @@ def test_a_provable_audit_stays_below_the_proven_epsilon():
     assert not audit.violation and audit.one_run.epsilon <= audit.epsilon_proven
 
 
+@pytest.mark.slow
 def test_an_edge_level_audit_stays_below_the_proven_epsilon():
     """The canary is a relation (c, host). Displacement under SGD: without the dense noise an excluded canary's row would
     never move, so a missing-noise bug separates the canaries and the bound far exceeds ε; with it, the bound (0 here:

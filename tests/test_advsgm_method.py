@@ -32,6 +32,7 @@ def _blocks(n: int = 120, blocks: int = 4, seed: int = 0) -> Data:
     return Data(edge_index=torch.stack([a[keep], b[keep]]), num_nodes=n, y=y)
 
 
+@pytest.mark.slow
 def test_provable_fit_spends_at_most_the_budget_for_the_public_ids_unit():
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, lr=0.05)
@@ -85,6 +86,7 @@ def test_ghost_clipping_equals_per_tuple_autograd_on_the_two_tables(adversarial)
         torch.testing.assert_close(ghost.weighted_sum(f)[name], torch.einsum("b,b...->...", f, g), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_the_adversarial_generator_trains_on_released_state_only():
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8, adversarial=0.5, noise_multiplier=1.0)
@@ -107,6 +109,7 @@ def _paper(target: float, rule: str = "theorem7"):
     return dm, module, stop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["theorem7", "code_product"])
 def test_the_paper_mode_stops_where_its_accounting_says_and_is_labelled_infinite(rule, tmp_path):
     with pytest.warns(UserWarning, match="does not hold"):
@@ -123,6 +126,7 @@ def test_the_paper_mode_stops_where_its_accounting_says_and_is_labelled_infinite
     assert report["published_claim"]["provable_epsilon"] == "inf" and "does not hold" in report["published_claim"]["warning"]
 
 
+@pytest.mark.slow
 def test_a_provable_model_is_saved_reloaded_and_exported(tmp_path):
     dm = SkipGramDataModule(_blocks(), max_degree=4, expected_batch_size=10, neg_per_pos=2, sampling_seed=0)
     module = DPSkipGramModule(dim=8)
@@ -140,6 +144,7 @@ def test_a_provable_model_is_saved_reloaded_and_exported(tmp_path):
     assert 0.0 <= auc <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, mechanism", [("advsgm_tiny.yaml", "skip-gram, edge level"),
                                                ("advsgm_node.yaml", "skip-gram, public ids")])
 def test_the_configs_train_privately_from_the_command_line(config, mechanism, tmp_path):

@@ -47,6 +47,7 @@ def test_one_run_p_value_matches_hand_computed_cases():
     assert one_run_p_value(10, 4, 0, 2.0, 0.0) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_one_run_p_value_equals_the_papers_running_pmf_sum_form():
     # Steinke et al.'s Algorithm: α = max_i (Σ_{j=1..i} P[Bin = v − j]) / i, written here as a loop over pmf terms.
     rng = np.random.default_rng(0)
@@ -243,6 +244,7 @@ def test_audit_command_prints_the_table_writes_json_and_exits_3_on_a_violation(t
         audit_main(["--config", str(bad)])
 
 
+@pytest.mark.slow
 def test_adversarial_canaries_refute_the_papers_eq3_epsilon_and_dirac_canaries_do_not():
     setting = WhiteBoxSetting("freq", clipping="freq", accounting="paper", noise_multiplier=4.0, steps=4)
     adversarial = audit_setting(canary_graph("freq_adversarial", 20_000, 10), setting, delta=1e-5, seed=21)

@@ -89,6 +89,7 @@ def test_nonprivate_training_memorises_included_canaries():
     assert audit.steps == audit.epochs * _steps_per_epoch(32, 2) and audit.accounting.startswith("none")
 
 
+@pytest.mark.slow
 def test_private_run_audits_below_its_proven_epsilon():
     audit = blackbox_audit("freq_corrected", num_canaries=32, degree=2, epochs=4, target_epsilon=8.0, **TINY)
     assert 0.0 < audit.epsilon <= 8.0 and audit.noise_multiplier > 0.0

@@ -19,6 +19,7 @@ def test_configs_exist() -> None:
     assert {"default", "relational", "tiny", "entities_items_tiny"} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_every_config_instantiates(config: Path, tmp_path: Path) -> None:
     # parse and build on CPU: GPU configs are checked for their content, not for the hardware here
@@ -51,6 +52,7 @@ def test_format_report_lists_both_encoders_and_privacy() -> None:
     assert "no epsilon is claimed" in format_report(None, {"test_prec1": 0.3, "test_mrr": 0.4}, None, "t")
 
 
+@pytest.mark.slow
 def test_main_job_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from lightning_dprel.demos.boring_classes import rank_zero_messages
 
@@ -71,6 +73,7 @@ def test_main_job_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert results["tuned"]["test_mrr"] >= results["tuned"]["test_prec1"]
 
 
+@pytest.mark.slow
 def test_main_job_recipe_tiny_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The main job's recipe (frozen features, directed adapter, selection on validation) through the CLI."""
     monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(tmp_path / "cache"))

@@ -172,6 +172,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_ddp_ranks_draw_the_same_global_batch_from_a_secret_stream(tmp_path):
     """Two gloo ranks (Lightning ddp_spawn), each with its own os.urandom: rank 0's key reaches both."""
     run_script(_DDP_SCRIPT, tmp_path)
@@ -192,6 +193,7 @@ def _rekey_worker(rank: int, world: int, port: int, folder: str) -> None:
         torch.save({"alone": alone, "shared": shared}, f"{folder}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_ddp_setup_replaces_a_key_a_rank_drew_alone(tmp_path):
     spawn(_rekey_worker, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))

@@ -139,6 +139,7 @@ def test_wordnet_missing_file(tmp_path: Path) -> None:
         WordNetDomains(wordnet_dir=str(tmp_path)).load()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(os.path.join(DEFAULT_WORDNET_DIR, "data.noun")), reason="wordnet-base not installed")
 def test_real_wordnet_animal_plant() -> None:
     pair = WordNetDomains().load()
@@ -195,6 +196,7 @@ def test_wordnet_large_partitions_lexicographer_files(tiny_wordnet: Path) -> Non
         WordNetLarge(test_domain="plant", val_domain="noun.plant", wordnet_dir=str(tiny_wordnet)).load()
 
 
+@pytest.mark.slow
 def test_wordnet_large_real() -> None:
     if not Path(DEFAULT_WORDNET_DIR, "data.noun").is_file():
         pytest.skip("Debian wordnet-base is not installed")

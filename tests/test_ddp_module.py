@@ -71,6 +71,7 @@ def _fit(devices, strategy, folder):
     "ignore:DPRelationalModule(\\(noise_seed=<int>\\)|. private fit without a PrivacyCallback|. no SamplingSpec)",
     "ignore:You defined a `validation_step` but have no `val_dataloader`",
 )
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process(tmp_path):
     _fit(1, "auto", tmp_path)
     _fit(2, "ddp_spawn", tmp_path)

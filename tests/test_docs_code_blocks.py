@@ -207,6 +207,7 @@ def test_every_block_is_python_bash_or_text(path):
     assert not indented_code_lines(path), f"{path.name}: indented code blocks at lines {indented_code_lines(path)}; fence them"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", DOCS, ids=_ids(DOCS))
 def test_every_bash_command_is_covered_by_a_rule_and_passes_it(path, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -246,6 +247,7 @@ def ran(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("path", PYTHON_DOCS, ids=_ids(PYTHON_DOCS))
 def test_python_blocks_run_and_print_what_the_docs_show(path, ran):
@@ -264,6 +266,7 @@ def test_python_blocks_run_and_print_what_the_docs_show(path, ran):
             assert _mask(last[-1]) == _mask(want), f"{path.name}:{shown.line}"
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_the_quickstart_stops_within_its_budget(ran):
     scope, _ = ran(ROOT / "README.md")
@@ -273,6 +276,7 @@ def test_the_quickstart_stops_within_its_budget(ran):
     assert privacy.delta < 1.0 / trainer.datamodule.sampling_spec.num_nodes  # no δ ≥ 1/n warning in our own example
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_the_bring_your_own_graph_example_reads_the_files_it_wrote(ran, tmp_path, monkeypatch):
     scope, _ = ran(ROOT / "docs" / "usage.md")

@@ -166,6 +166,7 @@ def test_removing_a_node_moves_each_step_by_at_most_2C_and_more_than_C_can_happe
     assert max(moved) > clip
 
 
+@pytest.mark.slow
 def test_full_graph_forward_of_the_published_code_moves_the_sum_by_more_than_2C():
     """Paper-faithful full-graph forward: a node's edges reach other subgraphs' predictions, so one node moves several
     examples and the step's clipped sum by more than any single-example bound."""
@@ -190,6 +191,7 @@ def _fit(module, dm, steps, callbacks=()):
     return trainer
 
 
+@pytest.mark.slow
 def test_dp_gcn_learns_and_reports_the_independently_composed_epsilon():
     from lightning_dprel.callbacks import PrivacyCallback
 
@@ -234,6 +236,7 @@ def test_bad_settings_are_refused_and_the_published_pipeline_warns():
         NodeSplitDataModule(src, sampling_seed=1)
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_reports_and_exports(tmp_path, capsys):
     """`python -m lightning_dprel fit --config configs/dp_gcn_tiny.yaml`, then the export command."""
     import json

@@ -176,6 +176,7 @@ def test_the_mechanism_matches_dp_accounting():
 
 
 # --- training --------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_calibrated_fit_stays_within_epsilon_and_learns():
     dm = _dm(300, noise=0.7, seed=2)
     enc = _encoder(hidden=16, dtype=torch.float32)

@@ -118,6 +118,7 @@ def test_bad_datamodule_settings_are_refused():
         build_prompt("all_in_one", 4)
 
 
+@pytest.mark.slow
 def test_checkpoint_keeps_the_answers_and_export_writes_only_the_student(tmp_path):
     import json
 

@@ -48,6 +48,7 @@ def test_removing_a_private_node_changes_at_most_its_own_teachers_votes():
         assert moved <= {own}, f"removing node {v} (teacher {own}) changed teachers {sorted(moved)}"
 
 
+@pytest.mark.slow
 def test_full_graph_view_lets_one_node_move_several_teachers():
     results = _teachers_moved("full", 20)
     largest = max(len(moved) for _, moved, _ in results)

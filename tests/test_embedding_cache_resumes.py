@@ -143,6 +143,7 @@ def test_leftovers_of_a_killed_writer_and_repeated_chunks_are_harmless(cache, en
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_two_processes_writing_one_store_at_once(cache, tmp_path):
     texts = texts_of(60, seed=3)
     (tmp_path / "texts.txt").write_text("\n".join(texts))

@@ -62,6 +62,7 @@ def run(*args: str, tmp_path: Path, timeout: float = 120) -> subprocess.Complete
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_quick_run_on_other_data_with_its_own_relation_and_chosen_rows(tmp_path):
     data = synthetic(tmp_path / "shop.pt")
     done = run("--quick", "--data", str(data), "--relation", ",".join(REL), "--only", "base,public,non-private,entity ε=1",

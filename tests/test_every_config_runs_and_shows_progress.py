@@ -53,10 +53,12 @@ def tiny_runs(tmp_path_factory):
         return dict(zip(TINY, pool.map(lambda name: _run(name, tmp), TINY)))
 
 
+@pytest.mark.slow
 def test_the_tiny_set_names_existing_configs():
     assert set(TINY) <= {p.stem for p in CONFIGS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_a_tiny_config_runs_piped_and_shows_its_progress_on_stderr(name, tiny_runs):
     done, seconds = tiny_runs[name]
@@ -69,6 +71,7 @@ def test_a_tiny_config_runs_piped_and_shows_its_progress_on_stderr(name, tiny_ru
     print(f"{name}: {seconds:.1f} s end to end")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [p for p in CONFIGS if p.stem not in TINY], ids=lambda p: p.stem)
 def test_every_other_config_parses(config, capsys):
     if config.stem.startswith("audit"):  # `python -m lightning_dprel.audit --config ...`, not a Lightning run
@@ -105,6 +108,7 @@ def _short_audit(config: Path, tmp: Path) -> Path:
     return short
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", AUDITS, ids=lambda p: p.stem)
 def test_an_audit_config_runs_piped_and_shows_its_progress_on_stderr(config, tmp_path):
     short = _short_audit(config, tmp_path)

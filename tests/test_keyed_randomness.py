@@ -147,6 +147,7 @@ def _ddp_noise_worker(rank: int, world: int, port: int, folder: str) -> None:
         torch.save(params["w"].detach().clone(), f"{folder}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_ddp_ranks_draw_the_same_secret_noise(tmp_path):
     spawn(_ddp_noise_worker, tmp_path)
     w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))

@@ -244,6 +244,7 @@ def test_imports_inside_functions_count(tmp_path):
     assert {"lightning_dprel.methods.advsgm", "lightning_dprel.methods.advsgm.module", "torch.func"} <= _imports(f)
 
 
+@pytest.mark.slow
 def test_a_user_project_with_its_own_callbacks_and_datamodules_packages(tmp_path):
     import subprocess
     import sys

@@ -57,6 +57,7 @@ def _fit(devices, strategy, folder):
     fit_saving_releases(folder, devices, strategy, LinkPredictor(16), steps=3, datamodule=_dm(seed=11))
 
 
+@pytest.mark.slow
 def test_two_process_ddp_releases_what_one_process_releases(tmp_path):
     _fit(1, "auto", tmp_path)
     _fit(2, "ddp_spawn", tmp_path)

@@ -40,6 +40,7 @@ def _row(printed: str, name: str) -> tuple[float, float]:
     return tuple(float(v) for v in line.split()[-2:])
 
 
+@pytest.mark.slow
 def test_the_table_puts_base_popularity_private_and_the_reference_side_by_side(run):
     tmp, printed = run
     assert "MAP" in printed and "recall@20" in printed
@@ -52,6 +53,7 @@ def test_the_table_puts_base_popularity_private_and_the_reference_side_by_side(r
                      r"protected", printed)
 
 
+@pytest.mark.slow
 def test_report_json_beside_the_checkpoint_holds_the_printed_numbers(run):
     tmp, printed = run
     report = json.loads((tmp / "report.json").read_text())
@@ -79,6 +81,7 @@ def report_n(tmp: Path) -> int:
                                 max_relations=8, expected_batch_size=256).num_entities
 
 
+@pytest.mark.slow
 def test_the_selected_checkpoint_exports_with_its_ledger(run, tmp_path):
     tmp, _ = run
     out = main(["export", "--ckpt_path", str(tmp / "model.ckpt"), "--out", str(tmp_path / "export")])
@@ -89,6 +92,7 @@ def test_the_selected_checkpoint_exports_with_its_ledger(run, tmp_path):
     assert privacy["public_data"]["selection"]["monitor"] == "map"
 
 
+@pytest.mark.slow
 def test_the_hpo_main_job_is_this_recipe_at_epsilon_4():
     cfg = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
     privacy = next(c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("PrivacyCallback"))["init_args"]
@@ -100,6 +104,7 @@ def test_the_hpo_main_job_is_this_recipe_at_epsilon_4():
     assert cfg["reference_row"] in ref["summary"]
 
 
+@pytest.mark.slow
 def test_the_reported_epsilons_match_dp_accounting(run):
     """The model's ε and the job's (the model and DP popularity composed) against dp-accounting's PLD accountant."""
     import dp_accounting

@@ -164,6 +164,7 @@ def test_wordnet_subset_and_masks_follow_the_synset_offset(monkeypatch, max_node
     assert torch.equal(data.node_id, data.x[:, 0].long())  # the stable id is the synset offset
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (nodes.DEFAULT_WORDNET_DIR and __import__("os").path.isfile(f"{nodes.DEFAULT_WORDNET_DIR}/data.noun")),
                     reason="WordNet 3.0 (Debian wordnet-base) not installed")
 def test_real_wordnet_ids_are_the_offsets():

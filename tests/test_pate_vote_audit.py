@@ -38,6 +38,7 @@ def test_candidates_are_neighbours_at_the_threshold_and_at_a_tie(threshold):
             assert int(d.argmax()) == 0 and int(d_prime.argmax()) == 1 and d.max() == d_prime.max()
 
 
+@pytest.mark.slow
 def test_audit_at_sigma_40_is_positive_and_below_the_proven_epsilon():
     res = _audit(40.0)
     print(f"\nσ = 40: audited ε_lb = {res.epsilon:.4f} ≤ proven ε = {res.proven_epsilon:.4f} ({res.pair}, "
@@ -49,6 +50,7 @@ def test_audit_at_sigma_40_is_positive_and_below_the_proven_epsilon():
     assert 0.0 < res.epsilon <= res.proven_epsilon and not res.violation
 
 
+@pytest.mark.slow
 def test_audit_detects_leakage_at_tiny_noise():
     res = _audit(0.5)
     print(f"\nσ = 0.5: audited ε_lb = {res.epsilon:.3f} ≤ proven ε = {res.proven_epsilon:.3f} ({res.pair}, {res.event})")

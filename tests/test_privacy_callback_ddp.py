@@ -87,6 +87,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_ddp_ranks_stop_together_with_single_process_epsilon(tmp_path):
     port = str(_free_port())
     root = Path(__file__).resolve().parents[1]

@@ -67,6 +67,7 @@ def test_a_resumed_phase_counts_on_and_estimates_from_its_own_rate():
                     "training: 80/100 steps done in 20.0 s"]
 
 
+@pytest.mark.slow
 def test_a_piped_cli_fit_logs_every_tenth_of_the_steps(tmp_path):
     from lightning_dprel.cli import main
 

@@ -183,6 +183,7 @@ def runs():
 
 
 # --- (a) it trains privately and reports the accountant's ε for what ran ------------------------------------------
+@pytest.mark.slow
 def test_plain_gcn_trains_privately_and_epsilon_is_the_subgraph_replace_accountants(runs):
     data, _, (model, trainer), _ = runs[0]
     cb = _privacy(trainer)
@@ -348,6 +349,7 @@ def test_an_empty_sample_is_an_empty_batch_and_still_releases_noise(monkeypatch)
 
 
 # --- (d) utility ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_private_gcn_beats_the_untrained_model_at_a_proven_epsilon_of_at_most_8(runs):
     rows = []
     for data, untrained, (private, trainer), existing in runs:

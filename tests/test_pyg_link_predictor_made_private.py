@@ -346,6 +346,7 @@ def test_the_degree_cap_and_what_it_dropped_are_reported_as_the_recipe_states():
 
 
 # --- (a) it trains privately and reports the accountant's ε for what ran ------------------------------------------
+@pytest.mark.slow
 def test_the_private_project_trains_under_the_entity_unit_and_epsilon_is_theorem_c1s(runs):
     for run in runs:
         cb, trainer, spec = run["cb"], run["trainer"], run["dm"].sampling_spec
@@ -417,6 +418,7 @@ def test_one_entity_moves_the_clipped_sum_by_at_most_c_times_i_plus_2j(monkeypat
 
 
 # --- (c) utility at a proven ε ≤ 8 ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_private_link_predictor_beats_the_untrained_model_at_a_proven_epsilon_of_at_most_8(runs):
     rows = [(r["seed"], r["auroc"]["untrained"], r["auroc"]["private"], r["auroc"]["existing"], r["cb"].epsilon,
              r["cb"].noise_multiplier) for r in runs]

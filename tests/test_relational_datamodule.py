@@ -274,6 +274,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_real_ddp_two_processes_slices_union_is_the_single_process_batch(tmp_path):
     """Two gloo ranks under Lightning (default use_distributed_sampler=True): no re-wrapping, global max_freq."""
     import json

@@ -24,6 +24,7 @@ def test_the_datamodule_says_whether_its_test_relations_were_held_out(source, he
     assert dm.held_out_test is held_out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,title", [
     ("pyg_mlp.yaml", "Relation prediction on held-out relations of: "),  # FakeDataset: 20 % of its relations held out
     ("tiny.yaml", "Zero-shot relation prediction on: "),  # SyntheticGraphs: a separate test graph

@@ -119,6 +119,7 @@ def test_export_writes_weights_privacy_report_and_ledger_but_no_secret(tmp_path,
     assert again.privacy_ledger.state_dict() == module.privacy_ledger.state_dict()
 
 
+@pytest.mark.slow
 def test_main_job_keeps_the_selected_model_and_the_export_command_writes_it(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_DPREL_CACHE", str(tmp_path / "cache"))
     cli = main(["fit", "--config", "configs/tiny_adapter.yaml", "--trainer.default_root_dir", str(tmp_path)])

@@ -250,6 +250,7 @@ def _ddp_worker(rank: int, world: int, port: int, folder: str) -> None:
         torch.save({"secure": secure, "seeded": seeded, "pos": pos}, f"{folder}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_ddp_ranks_share_rank0_noise_and_sampling_seed(tmp_path):
     spawn(_ddp_worker, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))

@@ -162,6 +162,7 @@ def test_hashed_subset_is_per_id_and_equals_the_node_sources_subset() -> None:
     assert bool(hashed_subset(ids, None, 2000, seed=7).all()) and bool(hashed_subset(ids, 5000, 2000, seed=7).all())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path(DEFAULT_WORDNET_DIR, "data.noun").is_file(), reason="Debian wordnet-base is not installed")
 def test_real_wordnet_noun_graph() -> None:
     full = WordNetNounGraph().load().train

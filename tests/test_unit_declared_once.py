@@ -142,6 +142,7 @@ print(json.dumps({"unit": mech.unit.name, "spec_unit": spec.unit.name, "rdp": pe
 """
 
 
+@pytest.mark.slow
 def test_a_fresh_process_with_only_the_core_finds_a_methods_mechanism_and_unit():
     spec = SamplingSpec(num_nodes=500, num_edges=1500, max_degree=4, sampling_rate=0.01, neg_per_pos=2,
                         expected_batch_size=15.0, steps_per_epoch=100, privacy_unit="node_public_ids")

@@ -183,6 +183,7 @@ def test_readme_example_scores_and_ranks_with_an_exported_model(trained, tmp_pat
     assert best.indices.tolist() == torch.argsort(all_scores, descending=True, stable=True)[:2].tolist()
 
 
+@pytest.mark.slow
 def test_module_help_lists_the_export_subcommand():
     res = subprocess.run([sys.executable, "-m", "lightning_dprel", "--help"], capture_output=True, text=True, timeout=300,
                          cwd=ROOT, check=False)
@@ -204,6 +205,7 @@ def test_accounting_plot_subcommand_writes_a_png(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_accounting_plot_subcommand_is_in_the_help_and_imports_no_torch(tmp_path):
     png = tmp_path / "eps.png"
     code = (

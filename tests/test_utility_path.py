@@ -53,6 +53,7 @@ def _mean_loss(module: DPRelationalModule, batches) -> float:
 
 # --- clipped training at σ = 0 must keep learning -------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clipping", ["standard", "freq"])
 @pytest.mark.filterwarnings("ignore:DPRelationalModule\\(diagnostics=True\\)")  # asserted in the next test
 def test_clipped_training_at_sigma_zero_learns_like_unclipped(clipping):

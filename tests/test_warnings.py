@@ -5,6 +5,7 @@ pytest resets warning filters around each test, so this runs the fit in a fresh 
 
 from __future__ import annotations
 
+import pytest
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_fit_prints_no_lightning_notice_that_does_not_apply():
     env = {**os.environ, "PYTHONWARNINGS": "default"}  # show every warning once, DeprecationWarnings included
     done = subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, env=env, timeout=300)

@@ -66,6 +66,7 @@ def test_the_project_is_made_private_by_a_small_diff_that_keeps_its_training_ste
     assert inspect.getsource(plain.MLPClassifier.training_step) == inspect.getsource(private.MLPClassifier.training_step)
 
 
+@pytest.mark.slow
 def test_the_private_project_trains_to_its_budget_and_beats_the_untrained_model():
     x, y = _data(1200)
     torch.manual_seed(0)
@@ -82,6 +83,7 @@ def test_the_private_project_trains_to_its_budget_and_beats_the_untrained_model(
     assert "training_step" not in model.__dict__  # the module has its own step back after the fit
 
 
+@pytest.mark.slow
 def test_utility_on_a_tabular_set_over_three_seeds(capsys):
     """sklearn's digits (pixels 0..16, scaled by the known range, not by the data): untrained / private at ε = 8 /
     non-private on a held-out fifth, same seeds and settings (none tuned on it)."""
@@ -147,6 +149,7 @@ def test_removing_one_example_moves_the_released_sum_by_at_most_c(monkeypatch, c
 
 
 # ---------------------------------------------------------------------- resume
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_resume_continues_epsilon_and_draws_fresh_noise(tmp_path, monkeypatch):
     drawn = record_noise_draws(monkeypatch)
@@ -307,6 +310,7 @@ def test_a_loader_that_states_poisson_facts_it_does_not_implement_is_refused():
         _trainer(PrivacyCallback(delta=1e-5, clip_norm=1.0, noise_multiplier=1.0)).fit(plain.MLPClassifier(8, 2), loader)
 
 
+@pytest.mark.slow
 def test_empty_poisson_samples_still_release_noise_and_a_scheduler_keeps_working():
     class Scheduled(plain.MLPClassifier):
         def configure_optimizers(self):
