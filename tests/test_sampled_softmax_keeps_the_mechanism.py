@@ -8,15 +8,12 @@ when every item is drawn.
 from __future__ import annotations
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
-from ddp_helpers import SaveReleasedSums
-from lightning_dprel.callbacks import PrivacyCallback
 from lightning_dprel.core.example_views import TensorRows
 from lightning_dprel.core.per_example_data import concat_examples
 from lightning_dprel.methods.entity_items import EntityItemDataModule, EntityItemRanker
-from test_entities_linked_to_public_items import D, K, REL, make_data, without_entity
+from test_entities_linked_to_public_items import D, K, REL, _first_released_sum, make_data, without_entity
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*a public seed makes this randomness reproducible.*"),
               pytest.mark.filterwarnings("ignore:.*does not have many workers.*")]
@@ -67,18 +64,6 @@ def test_the_loss_of_an_entity_depends_on_its_own_items_and_the_draw_only():
     alone = torch.stack([model.sampled_softmax_loss(batch["query"][i:i + 1], batch["items"][i:i + 1], batch["sampled"])[0]
                          for i in range(batch["query"].size(0))])
     assert torch.allclose(per_example, alone, rtol=1e-5, atol=1e-6)
-
-
-def _first_released_sum(tmp_path, dm, batch, clip):
-    dm.next_batch = lambda: batch
-    torch.manual_seed(0)
-    model = EntityItemRanker(dim=D, item_bias=True, temperature=0.5, lr=1e-2)
-    cb, saver = PrivacyCallback(delta=1e-5, clip_norm=clip, noise_multiplier=1.0), SaveReleasedSums(tmp_path)
-    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-               callbacks=[cb, saver]).fit(model, dm)
-    assert cb.steps == 1 and "entities, public items" in cb.summary
-    return saver.sums[0]
 
 
 @pytest.mark.parametrize("clip", [0.01, 10.0])
