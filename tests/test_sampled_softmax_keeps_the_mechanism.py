@@ -100,6 +100,9 @@ def test_the_shared_draw_is_one_tensor_for_vmap_and_each_example():
     examples[2] = {**examples[2], "sampled": torch.arange(4) + 1}  # a hook that changed it for one example
     with pytest.raises(ValueError, match="shared public key 'sampled'"):
         concat_examples(examples, "hook", ("sampled",))
+    mean = {**batch, "sampled": batch["query"].mean(0)}  # a batch statistic declared shared: every loss would read it
+    with pytest.raises(ValueError, match="must hold integer ids"):
+        view.size(mean)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -93,28 +93,37 @@ class TensorRows(ExampleView):
     def __init__(self, shared: tuple[str, ...] = ()) -> None:
         self.shared = tuple(shared)
 
+    def _by_row(self, batch: Any, fn: Any, shared: Any = lambda v: v) -> Any:
+        """``fn`` on every row tensor, ``shared`` on each shared key's value."""
+        if self.shared and isinstance(batch, Mapping):
+            return {k: shared(v) if k in self.shared else tree_map(fn, v) for k, v in batch.items()}
+        return tree_map(fn, batch)
+
     def _rows(self, batch: Any) -> Any:
         if self.shared and isinstance(batch, Mapping):
+            for k in self.shared:
+                v = batch.get(k)
+                if v is not None and not (isinstance(v, Tensor) and not v.is_floating_point() and not v.is_complex()):
+                    raise ValueError(
+                        f"The shared key {k!r} of a private batch must hold integer ids (public draws, e.g. sampled item "
+                        f"ids), got {type(v).__name__ if not isinstance(v, Tensor) else v.dtype}: a float value shared "
+                        "by every example (a batch statistic, say) would reach each example's loss unclipped."
+                    )
             return {k: v for k, v in batch.items() if k not in self.shared}
         return batch
 
     def head(self, batch: Any, n: int) -> Any:
-        if isinstance(batch, Mapping):
-            return {k: v if k in self.shared else tree_map(lambda t: t[:n], v) for k, v in batch.items()}
-        return tree_map(lambda t: t[:n], batch)
+        return self._by_row(batch, lambda t: t[:n])
 
     def in_dims(self, stacked: Any) -> Any:
-        if self.shared and isinstance(stacked, Mapping):
-            return {k: (tree_map(lambda t: None, v) if k in self.shared else tree_map(lambda t: 0, v))
-                    for k, v in stacked.items()}
-        return super().in_dims(stacked)
+        return self._by_row(stacked, lambda t: 0, lambda v: tree_map(lambda t: None, v))
 
     def examples(self, batch: Any) -> Iterator[Any]:
         if not (self.shared and isinstance(batch, Mapping)):
             yield from super().examples(batch)
             return
         for i in range(self.size(batch)):
-            yield {k: v if k in self.shared else tree_map(lambda t, i=i: t[i:i + 1], v) for k, v in batch.items()}
+            yield self._by_row(batch, lambda t, i=i: t[i:i + 1])
 
     def size(self, batch: Any) -> int:
         batch = self._rows(batch)
@@ -138,9 +147,7 @@ class TensorRows(ExampleView):
         return batch
 
     def one(self, example: Any) -> Any:
-        if self.shared and isinstance(example, Mapping):
-            return {k: v if k in self.shared else tree_map(lambda t: t.unsqueeze(0), v) for k, v in example.items()}
-        return tree_map(lambda t: t.unsqueeze(0), example)
+        return self._by_row(example, lambda t: t.unsqueeze(0))
 
 
 class LinkTuples(ExampleView):
