@@ -113,3 +113,17 @@ def test_the_shared_draw_is_one_tensor_for_vmap_and_each_example():
 def test_bad_sampled_items_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dm_of(make_data(), **kwargs)
+
+
+def test_shared_keys_from_a_sampler_that_is_not_the_librarys_are_refused(tmp_path):
+    """A subclass whose next_batch shares other entities' items (in-batch negatives) would move every loss by data
+    the clip does not bound: refused before the first step."""
+
+    class InBatchNegatives(EntityItemDataModule):
+        def next_batch(self):
+            batch = super().next_batch()
+            return {**batch, "sampled": batch["items"].clamp(min=0).reshape(-1).unique()}
+
+    dm = InBatchNegatives(make_data(), relation=REL, max_relations=K, expected_batch_size=48, sampled_items=S, seed=0)
+    with pytest.raises(ValueError, match="only the library's samplers draw them|Only the library's samplers draw them"):
+        _first_released_sum(tmp_path, dm, dm.next_batch(), 1.0)

@@ -80,6 +80,7 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
                 "a sampler the library implements, so that the SamplingSpec it is charged for is the sampling that ran. "
                 "Use DPDataLoader, LinkPredictionDataModule or NodeSplitDataModule(as_pyg_batches=True) as they are."
             )
+        _refuse_foreign_shared_keys(getattr(type(dm), "next_batch", None), dm.example_view, type(dm).__name__)
         return dm.sampling_spec, dm.example_view
     loaders = trainer.train_dataloader
     loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
@@ -91,6 +92,7 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
         )
     for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
         if isinstance(loader, DPDataLoader):
+            _refuse_foreign_shared_keys(None, loader.example_view, type(loader).__name__)
             return loader.sampling_spec, loader.example_view
     found = type(loaders).__name__ if dm is None else f"datamodule {type(dm).__name__}"
     raise ValueError(
@@ -98,6 +100,16 @@ def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
         "DPDataLoader(dataset, batch_size=b) (rows; was DataLoader(..., shuffle=True)), LinkPredictionDataModule "
         "(a PyG link predictor) or NodeSplitDataModule(as_pyg_batches=True) (a PyG GNN)."
     )
+
+
+def _refuse_foreign_shared_keys(draw: Any, view: ExampleView, owner: str) -> None:
+    """Keys every example shares whole are drawn by the library's own samplers only (it cannot see what else reads)."""
+    if getattr(view, "shared", ()) and not getattr(draw, "__module__", "").startswith("lightning_dprel."):
+        raise ValueError(
+            f"{owner} declares shared batch keys {list(view.shared)}, which every example's loss reads whole. Only the "
+            "library's samplers draw them (from the keyed stream, reading no data); the library cannot see whether "
+            "yours read other examples (in-batch negatives would). Put per-example values in the rows instead."
+        )
 
 
 def open_layer(trainer: Any, pl_module: Any, layer: Any, *, keep_logs: bool) -> Any:
