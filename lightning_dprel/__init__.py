@@ -1,45 +1,31 @@
-"""lightning_dprel: entity-level differentially private relational learning with Lightning and PyG.
+"""lightning_dprel: differentially private graph and relational learning with Lightning and PyG.
 
-Light at import: only the specs load eagerly (no torch: the accounting CLI must not pay for it); everything
-else — batch records, module, encoders, callbacks, datamodules — loads on first use.
+The top level holds what the quickstart and the docs type; each method's classes live in its package
+(``lightning_dprel.methods.<method>``), the extension points in ``lightning_dprel.core`` and
+``lightning_dprel.accounting``. Light at import: every name loads on first use (the accounting CLI pays no torch).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
+from lightning_dprel.core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "TupleBatch": "lightning_dprel.datamodules.edge_tuples.batch",
-    "RankingBatch": "lightning_dprel.datamodules.edge_tuples.batch",
-    "DPRelationalModule": "lightning_dprel.methods.relational.module",
-    "TextEncoder": "lightning_dprel.encoders",
-    "MLPEncoder": "lightning_dprel.encoders",
-    "DPOptimizer": "lightning_dprel.core.optim",
-    "DPNodeModule": "lightning_dprel.methods.dp_gcn.module",
-    "GNNClassifier": "lightning_dprel.methods.dp_gcn.gnn",
-    "NodeSplitDataModule": "lightning_dprel.datamodules",
-    "KeyedStream": "lightning_dprel.core.randomness",
-    "PrivacyLedger": "lightning_dprel.core.ledger",
-    "Accountant": "lightning_dprel.accounting",
     "PrivacyCallback": "lightning_dprel.callbacks",
-    "DPDataLoader": "lightning_dprel.datamodules",
-    "LinkPredictionDataModule": "lightning_dprel.datamodules",
     "ValidationSelection": "lightning_dprel.callbacks",
-    "RelationalDataModule": "lightning_dprel.datamodules",
+    "DPDataLoader": "lightning_dprel.datamodules",
     "GraphSource": "lightning_dprel.datamodules",
     "GraphPair": "lightning_dprel.datamodules",
+    "RelationalDataModule": "lightning_dprel.datamodules",
+    "NodeSplitDataModule": "lightning_dprel.datamodules",
+    "DPRelationalModule": "lightning_dprel.methods.relational.module",
+    "MLPEncoder": "lightning_dprel.encoders",
+    "TextEncoder": "lightning_dprel.encoders",
     "export_model": "lightning_dprel.export",
 }
 
-__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *_LAZY]
+__all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lightning_dprel' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -6,8 +6,7 @@ first use, so a method's datamodule may import the sources here without a cycle.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lightning_dprel.core.lazy import lazy_exports
 
 _LAZY = {
     "GraphPair": "lightning_dprel.datamodules.datasets.base",
@@ -28,7 +27,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lightning_dprel.datamodules' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -3,3 +3,12 @@
 Its units and mechanisms (``entity``; FREQ-CLIP and Theorem C.1) are the coupled edge-tuple sampling's, which the core
 registers (:mod:`lightning_dprel.accounting.mechanisms.coupled`): this package registers none of its own.
 """
+
+from lightning_dprel.core.lazy import lazy_exports
+
+_LAZY = {
+    "DPRelationalModule": "lightning_dprel.methods.relational.module",
+    "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
+}
+__all__ = list(_LAZY)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
