@@ -11,21 +11,12 @@ from lightning_dprel.core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "PrivacyCallback": "lightning_dprel.callbacks",
-    "ValidationSelection": "lightning_dprel.callbacks",
-    "DPDataLoader": "lightning_dprel.datamodules",
-    "GraphSource": "lightning_dprel.datamodules",
-    "GraphPair": "lightning_dprel.datamodules",
-    "RelationalDataModule": "lightning_dprel.datamodules",
-    "NodeSplitDataModule": "lightning_dprel.datamodules",
-    "DPRelationalModule": "lightning_dprel.methods.relational.module",
-    "MLPEncoder": "lightning_dprel.encoders",
-    "TextEncoder": "lightning_dprel.encoders",
-    "export_model": "lightning_dprel.export",
+_EXPORTS = {
+    "lightning_dprel.callbacks": ("PrivacyCallback", "ValidationSelection"),
+    "lightning_dprel.datamodules": ("DPDataLoader", "GraphSource", "GraphPair", "RelationalDataModule", "NodeSplitDataModule"),
+    "lightning_dprel.methods.relational.module": ("DPRelationalModule",),
+    "lightning_dprel.encoders": ("MLPEncoder", "TextEncoder"),
+    "lightning_dprel.export": ("export_model",),
 }
 
-__all__ = list(_LAZY)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,20 +6,15 @@ from lightning_dprel.core.notices import silence_lightning_notices
 
 silence_lightning_notices()  # Lightning's notices that no run of this library can act on (see core/notices.py)
 
-_LAZY = {
-    "PrivacyUnit": "lightning_dprel.core.specs",
-    "register_privacy_unit": "lightning_dprel.core.specs",
-    "SamplingSpec": "lightning_dprel.core.specs",
-    "NoiseSpec": "lightning_dprel.core.specs",
-    "GaussianRelease": "lightning_dprel.core.events",
-    "PrivacyLedger": "lightning_dprel.core.ledger",
-    "LedgerModule": "lightning_dprel.core.ledger_module",
-    "PrivateModule": "lightning_dprel.core.private_module",
-    "PrivateDataModule": "lightning_dprel.core.datamodule",
-    "PrivateBatch": "lightning_dprel.core.batch",
-    "ExampleBatch": "lightning_dprel.core.batch",
-    "DPOptimizer": "lightning_dprel.core.optim",
-    "KeyedStream": "lightning_dprel.core.randomness",
+_EXPORTS = {
+    "lightning_dprel.core.specs": ("PrivacyUnit", "register_privacy_unit", "SamplingSpec", "NoiseSpec"),
+    "lightning_dprel.core.events": ("GaussianRelease",),
+    "lightning_dprel.core.ledger": ("PrivacyLedger",),
+    "lightning_dprel.core.ledger_module": ("LedgerModule",),
+    "lightning_dprel.core.private_module": ("PrivateModule",),
+    "lightning_dprel.core.datamodule": ("PrivateDataModule",),
+    "lightning_dprel.core.batch": ("PrivateBatch", "ExampleBatch"),
+    "lightning_dprel.core.optim": ("DPOptimizer",),
+    "lightning_dprel.core.randomness": ("KeyedStream",),
 }
-__all__ = list(_LAZY)
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

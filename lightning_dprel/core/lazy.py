@@ -9,8 +9,9 @@ from typing import Any
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The package's ``__getattr__`` and ``__dir__`` for ``table`` (exported name → module that defines it)."""
+def lazy_exports(package: str, modules: Mapping[str, tuple[str, ...]]) -> tuple[list[str], Callable, Callable]:
+    """The package's ``__all__``, ``__getattr__`` and ``__dir__`` for ``modules`` (module → the names it exports)."""
+    table = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> Any:
         if name in table:
@@ -20,4 +21,4 @@ def lazy_exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str]
     def __dir__() -> list[str]:
         return sorted([*vars(importlib.import_module(package)), *table])
 
-    return __getattr__, __dir__
+    return list(table), __getattr__, __dir__

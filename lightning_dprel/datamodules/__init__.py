@@ -8,23 +8,16 @@ from __future__ import annotations
 
 from lightning_dprel.core.lazy import lazy_exports
 
-_LAZY = {
-    "GraphPair": "lightning_dprel.datamodules.datasets.base",
-    "GraphSource": "lightning_dprel.datamodules.datasets.base",
-    "PyGSource": "lightning_dprel.datamodules.datasets.base",
-    "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
-    "LinkPredictionDataModule": "lightning_dprel.datamodules.edge_tuples.link_batches",
-    "DPDataLoader": "lightning_dprel.datamodules.poisson",
-    "PublicRelations": "lightning_dprel.datamodules.edge_tuples.public",
-    "DPDegreeCap": "lightning_dprel.datamodules.edge_tuples.settings",
-    "choose_settings": "lightning_dprel.datamodules.edge_tuples.settings",
-    "suggest_settings": "lightning_dprel.datamodules.edge_tuples.settings",
-    "NodeSplitDataModule": "lightning_dprel.methods.dp_gcn.datamodule",
-    "SkipGramDataModule": "lightning_dprel.methods.advsgm.datamodule",
-    "PromptDataModule": "lightning_dprel.methods.dp_gpl.datamodule",
+_EXPORTS = {
+    "lightning_dprel.datamodules.datasets.base": ("GraphPair", "GraphSource", "PyGSource"),
+    "lightning_dprel.datamodules.edge_tuples.datamodule": ("RelationalDataModule",),
+    "lightning_dprel.datamodules.edge_tuples.link_batches": ("LinkPredictionDataModule",),
+    "lightning_dprel.datamodules.poisson": ("DPDataLoader",),
+    "lightning_dprel.datamodules.edge_tuples.public": ("PublicRelations",),
+    "lightning_dprel.datamodules.edge_tuples.settings": ("DPDegreeCap", "choose_settings", "suggest_settings"),
+    "lightning_dprel.methods.dp_gcn.datamodule": ("NodeSplitDataModule",),
+    "lightning_dprel.methods.advsgm.datamodule": ("SkipGramDataModule",),
+    "lightning_dprel.methods.dp_gpl.datamodule": ("PromptDataModule",),
 }
 
-__all__ = list(_LAZY)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

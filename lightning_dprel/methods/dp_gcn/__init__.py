@@ -3,10 +3,9 @@
 from lightning_dprel.core.lazy import lazy_exports
 from lightning_dprel.methods.dp_gcn import accounting  # noqa: F401 - registers its unit and mechanisms
 
-_LAZY = {
-    "NodeSplitDataModule": "lightning_dprel.methods.dp_gcn.datamodule",
-    "DPNodeModule": "lightning_dprel.methods.dp_gcn.module",
-    "GNNClassifier": "lightning_dprel.methods.dp_gcn.gnn",
+_EXPORTS = {
+    "lightning_dprel.methods.dp_gcn.datamodule": ("NodeSplitDataModule",),
+    "lightning_dprel.methods.dp_gcn.module": ("DPNodeModule",),
+    "lightning_dprel.methods.dp_gcn.gnn": ("GNNClassifier",),
 }
-__all__ = list(_LAZY)
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,9 +6,8 @@ registers (:mod:`lightning_dprel.accounting.mechanisms.coupled`): this package r
 
 from lightning_dprel.core.lazy import lazy_exports
 
-_LAZY = {
-    "DPRelationalModule": "lightning_dprel.methods.relational.module",
-    "RelationalDataModule": "lightning_dprel.datamodules.edge_tuples.datamodule",
+_EXPORTS = {
+    "lightning_dprel.methods.relational.module": ("DPRelationalModule",),
+    "lightning_dprel.datamodules.edge_tuples.datamodule": ("RelationalDataModule",),
 }
-__all__ = list(_LAZY)
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
