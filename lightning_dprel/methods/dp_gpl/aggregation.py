@@ -50,8 +50,8 @@ def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float,
     with ``max_answers`` = A, queries are taken in order and answering stops after A answers (the budget filter)."""
     if counts.dim() != 2 or counts.shape[1] < 2:
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
-    if not (sigma_threshold > 0 and sigma_vote > 0):
-        raise ValueError(f"Both noise scales must be > 0, got σ₁ = {sigma_threshold}, σ₂ = {sigma_vote}.")
+    positive_finite("sigma_threshold (σ₁, the threshold noise)", sigma_threshold)
+    positive_finite("sigma_vote (σ₂, the vote noise)", sigma_vote)
     if not isinstance(stream, KeyedStream):
         raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
     q, c = counts.shape
