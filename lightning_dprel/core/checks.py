@@ -98,7 +98,7 @@ def check_choice(name: str, value: Any, options: Any, remedy: str = "") -> Any:
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """``value`` unchanged; ``TypeError`` unless it is a bool."""
+    """``value`` as a bool; ``TypeError`` unless it is one (numpy's included)."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{_arg(name)} must be a bool, {_got(value)}.")
     return bool(value)
