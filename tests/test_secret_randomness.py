@@ -134,7 +134,7 @@ def test_sampling_seed_is_secret_by_default_and_separate_from_the_public_seed():
     assert all(torch.equal(x.pos, y.pos) for x, y in zip(c.train_dataloader(), d.train_dataloader()))
     with pytest.raises(ValueError, match=r"`sampling_seed` must be < 2\*\*64"):
         RelationalDataModule(sampling_seed=2**64)
-    with pytest.raises(ValueError, match=r"`sampling_seed` must be >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"`sampling_seed` must be an int >= 0, got -1"):
         RelationalDataModule(sampling_seed=-1)
 
 

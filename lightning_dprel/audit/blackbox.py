@@ -40,6 +40,7 @@ from lightning_dprel.audit.canaries import check_int, secret_coins
 from lightning_dprel.audit.runner import PROVEN_MECHANISM
 from lightning_dprel.callbacks.checks import ACCOUNTING_LABELS
 from lightning_dprel.callbacks.privacy import PrivacyCallback
+from lightning_dprel.core.checks import check_choice, check_delta
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
 from lightning_dprel.datamodules.datasets.generators import random_feature_graph
@@ -157,8 +158,7 @@ def membership_scores(module: Any, entities: CanaryEntities, *, score: str = "re
     / their std, a z-score within one model. ``"raw"``: the mean score of c's K relations; it also carries what
     differs between whole models (σ, γ = b/m, global geometry), so do not compare it across runs.
     """
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+    check_choice("score", score, SCORES)
     hp, m, k = module.hparams, entities.num_canaries, entities.degree
     was_training = module.encoder.training
     module.encoder.eval()
@@ -209,8 +209,7 @@ def train_world(
     ``progress``: where to write plain step lines (``progress_label``: step t/T, ε, time left; every tenth of the
     steps and at least every 5 s), e.g. a function printing to stderr; None (default): silent.
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
+    check_choice("setting", setting, SETTINGS)
     check_int("steps", steps, 1)
     clipping, accounting = SETTINGS[setting]
     private = clipping != "none"
@@ -305,13 +304,10 @@ def blackbox_audit(
     plain progress lines (e.g. a function printing to stderr): one as each fit starts and ends, and step lines during
     it (:func:`train_world`); None (default): silent.
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"`setting` must be one of {tuple(SETTINGS)}, got {setting!r}.")
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+    check_choice("setting", setting, SETTINGS)
+    check_choice("score", score, SCORES)
     check_int("epochs", epochs, 1)
-    if not (0.0 < float(delta) < 1.0):
-        raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+    check_delta(delta)
     entities = canary_entities(num_canaries, degree, background_nodes=background_nodes, background_edges=background_edges, dim=dim, seed=seed)
     coins = secret_coins(num_canaries, stream=stream) if coins is None else entities._coins(coins)
     sizes = {"expected_batch_size": expected_batch_size, "neg_per_pos": neg_per_pos}

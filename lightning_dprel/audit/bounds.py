@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+from lightning_dprel.core.checks import check_choice, check_probability, non_negative
 
 __all__ = [
     "OneRunBound",
@@ -42,15 +43,11 @@ _EPS_MAX = 60.0  # search ceiling: e^60 ≈ 1e26 (no finite sample can certify m
 
 
 def _check_confidence(confidence: float) -> float:
-    if not (0.0 < float(confidence) < 1.0):
-        raise ValueError(f"`confidence` must be in (0, 1), got {confidence}.")
-    return float(confidence)
+    return check_probability("confidence", confidence)
 
 
 def _check_delta(delta: float) -> float:
-    if not (0.0 <= float(delta) < 1.0):
-        raise ValueError(f"`delta` must be in [0, 1), got {delta}.")
-    return float(delta)
+    return check_probability("delta", delta, zero=True)
 
 
 def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
@@ -61,8 +58,7 @@ def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     """
     if not (0 <= v <= r <= m):
         raise ValueError(f"Need 0 <= v <= r <= m, got m={m}, r={r}, v={v}.")
-    if eps < 0:
-        raise ValueError(f"`eps` must be >= 0, got {eps}.")
+    non_negative("eps", eps)
     q = 1.0 / (1.0 + math.exp(-eps))
     beta = float(stats.binom.sf(v - 1, r, q))
     if delta == 0.0 or v == 0:
@@ -143,8 +139,7 @@ def one_run_audit(
         sides: ``"both"`` (r/2 "in" from the top, r/2 "out" from the bottom) or ``"top"`` (all r guessed "in" from the
             top: for scores that only ever reveal inclusion, e.g. a row that moved).
     """
-    if sides not in ("both", "top"):
-        raise ValueError(f"`sides` must be 'both' or 'top', got {sides!r}.")
+    check_choice("sides", sides, ("both", "top"))
     confidence, delta = _check_confidence(confidence), _check_delta(delta)
     s, coins = _scores_and_coins(scores, included)
     m = s.size

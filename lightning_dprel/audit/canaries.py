@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_dprel.core.checks import check_int  # the one int check (re-exported for the audit modules)
+from lightning_dprel.core.checks import check_choice, check_int  # check_int: re-exported
 from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "check_int", "secret_coins"]
@@ -33,8 +33,7 @@ DESIGNS = ("dirac", "freq_adversarial")
 
 def secret_coins(m: int, *, stream: KeyedStream | None = None) -> Tensor:
     """``[m]`` fair, independent coins (True = include) from a keyed CSPRNG stream (secret by default)."""
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"The number of canaries must be an int >= 1, got {m!r}.")
+    check_int("m (the number of canaries)", m, 1)
     if stream is not None and not isinstance(stream, KeyedStream):
         raise TypeError(
             f"`stream` must be a lightning_dprel.core.randomness.KeyedStream, got {type(stream).__name__}: coins from a "
@@ -76,8 +75,7 @@ class CanaryGraph:
 
 def canary_graph(design: str, num_canaries: int, degree: int, *, extra_nodes: int = 0) -> CanaryGraph:
     """The gradient-canary graph of ``design`` (see the module docstring) with degree K = ``degree``."""
-    if design not in DESIGNS:
-        raise ValueError(f"`design` must be one of {DESIGNS}, got {design!r}.")
+    check_choice("design", design, DESIGNS)
     for name, val, low in (("num_canaries", num_canaries, 2), ("degree", degree, 1), ("extra_nodes", extra_nodes, 0)):
         check_int(name, val, low)
     m, k = num_canaries, degree

@@ -20,6 +20,7 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_auroc, binary_roc
 
 from lightning_dprel.audit.bounds import _check_delta, clopper_pearson, epsilon_lower_bound
+from lightning_dprel.core.checks import check_probability, non_negative
 
 __all__ = [
     "DPCheck",
@@ -198,8 +199,8 @@ def dp_tpr_check(scores: Any, is_member: Any, epsilon: float, delta: float, fprs
     """
     s, m = _scores_and_labels(scores, is_member)
     fprs, delta = _check_fprs(fprs), _check_delta(delta)
-    if not (epsilon >= 0) or not (0.0 < significance < 1.0):
-        raise ValueError(f"Need ε ≥ 0 and significance in (0, 1), got {epsilon}, {significance}.")
+    non_negative("epsilon (ε)", epsilon)
+    check_probability("significance", significance)
     ins, outs = np.sort(s[m].numpy()), np.sort(s[~m].numpy())
     n1, n0 = ins.size, outs.size
     cand = np.concatenate([np.unique(s.numpy()), [np.inf]])

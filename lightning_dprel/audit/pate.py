@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lightning_dprel.audit.bounds import _check_confidence, _check_delta, clopper_pearson, epsilon_lower_bound
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.dp_gpl.aggregation import confident_gnmax, pate_releases
@@ -125,9 +126,9 @@ def audit_confident_gnmax(num_teachers: int, num_classes: int, threshold: float,
     with both one-sided intervals at (1 − confidence)/2. Noise is seeded (``KeyedStream.seeded``, warns): an audit.
     """
     confidence, delta = _check_confidence(confidence), _check_delta(delta)
-    if trials < 4 or num_classes < 2 or num_teachers < 1:
-        raise ValueError(f"Need trials ≥ 4, num_classes ≥ 2, num_teachers ≥ 1; "
-                         f"got {trials}, {num_classes}, {num_teachers}.")
+    check_int("trials", trials, 4)
+    check_int("num_classes", num_classes, 2)
+    check_int("num_teachers", num_teachers, 1)
     kw = dict(threshold=float(threshold), sigma_threshold=float(sigma_threshold), sigma_vote=float(sigma_vote))
     pairs = neighbouring_histograms(num_teachers, num_classes, threshold)
     if not pairs:

@@ -28,6 +28,7 @@ from torch_geometric.data import Data
 from lightning_dprel.audit.bounds import OneRunBound, one_run_audit
 from lightning_dprel.audit.canaries import check_int, secret_coins
 from lightning_dprel.callbacks.privacy import PrivacyCallback
+from lightning_dprel.core.checks import check_choice
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.advsgm import (
     AdvSGMPaperDataModule, DPSkipGramModule, EdgeSkipGramDataModule, PaperStop, SkipGramDataModule,
@@ -95,14 +96,11 @@ def skipgram_audit(
         level: the provable mode's unit: ``"node"`` (``node_public_ids``) or ``"edge"`` (``edge``, ``skipgram_edge``).
     """
     check_int("canaries", canaries, 2)
-    if mode not in ("provable", "paper"):
-        raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
-    if level not in ("node", "edge"):
-        raise ValueError(f"`level` must be 'node' or 'edge', got {level!r}.")
+    check_choice("mode", mode, ("provable", "paper"))
+    check_choice("level", level, ("node", "edge"))
     if level == "edge" and mode == "paper":
         raise ValueError("`level='edge'` is a provable mode's unit; the paper-faithful mode has none (provable ε = ∞).")
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+    check_choice("score", score, SCORES)
     score = ("displacement" if mode == "paper" else "alignment") if score == "auto" else score
     n0 = int(base.num_nodes)
     hosts = torch.randint(0, n0, (canaries,), generator=torch.Generator().manual_seed(seed))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_dprel.audit.canaries import CanaryGraph, check_int
+from lightning_dprel.core.checks import check_choice, check_probability
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.grad_sample.per_tuple import TupleGradients
 from lightning_dprel.core.randomness import KeyedStream
@@ -63,14 +64,12 @@ class WhiteBoxSetting:
 
     def __post_init__(self) -> None:
         NoiseSpec(self.noise_multiplier, self.clip_norm, self.clipping, self.accounting)  # σ ≥ 0, C > 0, none ⇒ σ = 0
-        if self.accounting not in ("corrected", "paper"):
-            raise ValueError(f"`accounting` must be 'corrected' or 'paper', got {self.accounting!r}.")
+        check_choice("accounting", self.accounting, ("corrected", "paper"))
         if self.accounting == "paper" and self.clipping != "freq":
             raise ValueError("`accounting='paper'` (Eq. 3) is FREQ-CLIP's published accounting; use it with clipping='freq'.")
         check_int("steps", self.steps, 1)
         check_int("neg_per_pos", self.neg_per_pos, 0)
-        if not (0.0 < float(self.sampling_rate) <= 1.0):
-            raise ValueError(f"`sampling_rate` must be in (0, 1], got {self.sampling_rate}.")
+        check_probability("sampling_rate", self.sampling_rate, one=True)
         if not float(self.magnitude) > float(self.clip_norm):
             raise ValueError(
                 f"`magnitude` G = {self.magnitude} must exceed `clip_norm` C = {self.clip_norm}: canaries clipped to "

@@ -1,4 +1,4 @@
-"""Argument checks shared by the whole library: ints, positive numbers, δ (one home for each rule)."""
+"""The library's argument checks: ints, numbers, probabilities, δ, choices (one rule each)."""
 
 from __future__ import annotations
 
@@ -7,38 +7,101 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_int", "positive_finite", "check_delta", "resolve_delta", "refuse_unsafe_trainer_settings"]
+__all__ = [
+    "ArgumentTypeError", "check_int", "positive_finite", "non_negative", "check_probability",
+    "check_delta", "check_choice", "check_bool", "resolve_delta", "refuse_unsafe_trainer_settings",
+]
+
+_NUMBER = (int, float, np.integer, np.floating)
 
 
-def check_int(name: str, value: Any, minimum: int, remedy: str = "") -> int:
-    """``value`` as an int; ``TypeError`` unless it is an int, ``ValueError`` if it is below ``minimum``."""
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a ``TypeError``, and a ``ValueError`` to code catching one."""
+
+
+def _got(value: Any) -> str:
+    return f"got {type(value).__name__} ({value!r})"
+
+
+def _arg(name: str) -> str:
+    """``name`` as messages show it: backticked, a label after a space outside (`k` (K))."""
+    head, _, label = name.partition(" ")
+    return f"`{head}` {label}" if label else f"`{head}`"
+
+
+def check_int(name: str, value: Any, minimum: int, remedy: str = "", *, maximum: int | None = None,
+              optional: bool = False) -> Any:
+    """``value`` as an int (None if ``optional``); ``TypeError`` unless an int, else ValueError."""
+    if optional and value is None:
+        return None
+    wanted = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
+    wanted = f"None or {wanted}" if optional else wanted
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r}).")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.{remedy}")
+        raise ArgumentTypeError(f"{_arg(name)} must be {wanted}, {_got(value)}.{remedy}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{_arg(name)} must be {wanted}, got {value}.{remedy}")
     return int(value)
 
 
-def positive_finite(name: str, value: Any, example: str) -> float:
-    """``value`` as a float; ``TypeError`` unless it is a number, ``ValueError`` unless it is > 0 and finite."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r}); {example}.")
-    value = float(value)
+def _number(name: str, value: Any, wanted: str, example: str) -> float:
+    """``value`` as a float; ``TypeError`` (saying what is ``wanted``) unless a number."""
+    if isinstance(value, bool) or not isinstance(value, _NUMBER):
+        raise ArgumentTypeError(f"{_arg(name)} must be {wanted}, {_got(value)}{example}.")
+    return float(value)
+
+
+def positive_finite(name: str, value: Any, example: str = "") -> float:
+    """``value`` as a float; ``TypeError`` unless a number, ``ValueError`` unless > 0 and finite."""
+    example = f"; {example}" if example else ""
+    value = _number(name, value, "a number > 0", example)
     if not (value > 0.0) or math.isinf(value):
-        raise ValueError(f"`{name}` must be > 0 and finite, got {value}; {example}.")
+        raise ValueError(f"{_arg(name)} must be > 0 and finite, got {value}{example}.")
+    return value
+
+
+def non_negative(name: str, value: Any, example: str = "") -> float:
+    """``value`` as a float; ``TypeError`` unless a number, ``ValueError`` if below 0 or NaN."""
+    example = f"; {example}" if example else ""
+    value = _number(name, value, "a number >= 0", example)
+    if not value >= 0.0:
+        raise ValueError(f"{_arg(name)} must be >= 0, got {value}{example}.")
+    return value
+
+
+def check_probability(name: str, value: Any, *, zero: bool = False, one: bool = False) -> float:
+    """``value`` as a float in (0, 1), closed at 0 if ``zero``, at 1 if ``one``; else ValueError."""
+    interval = f"{'[' if zero else '('}0, 1{']' if one else ')'}"
+    value = _number(name, value, f"a number in {interval}", "")
+    if not ((0.0 <= value if zero else 0.0 < value) and (value <= 1.0 if one else value < 1.0)):
+        raise ValueError(f"{_arg(name)} must be in {interval}, got {value}.")
     return value
 
 
 def check_delta(delta: Any) -> float:
     """δ as a float; ``ValueError`` unless 0 < δ < 1."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)):
-        raise TypeError(f"`delta` must be a float in (0, 1), got {type(delta).__name__} ({delta!r}).")
-    delta = float(delta)
+    remedy = "; pick δ well below 1/n for n privacy units"
+    delta = _number("delta", delta, "a float in (0, 1)", remedy)
     if not (0.0 < delta < 1.0):
-        raise ValueError(
-            f"`delta` must be in (0, 1), got {delta}; the paper uses delta = 1/|E_train| (edges after capping)."
-        )
+        raise ValueError(f"`delta` must be in (0, 1), got {delta}{remedy}.")
     return delta
+
+
+def check_choice(name: str, value: Any, options: Any, remedy: str = "") -> Any:
+    """``value`` unchanged; ``ValueError`` unless one of ``options`` (a bool only if listed)."""
+    try:
+        ok = value in options and (not isinstance(value, bool) or any(o is value for o in options))
+    except TypeError:  # unhashable: no option
+        ok = False
+    if not ok:
+        raise ValueError(f"{_arg(name)} must be one of {tuple(options)}, got {value!r}.{remedy}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` as a bool; ``TypeError`` unless it is one (numpy's included)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{_arg(name)} must be a bool, {_got(value)}.")
+    return bool(value)
 
 
 #: δ must sit well below 1/n: n·δ above this warns (n·δ bounds the chance that some unit is released outright).

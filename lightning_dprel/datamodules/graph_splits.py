@@ -20,6 +20,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["keyed_split", "equal_random_split", "split_edges", "check_node_ids", "id_uniforms", "public_id_uniforms"]
@@ -28,9 +29,7 @@ _DOMAIN = b"lightning_dprel/node-id-hash/v1"
 
 
 def _check_splits(num_splits: int) -> int:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"`num_splits` must be an int >= 1, got {num_splits!r}.")
-    return num_splits
+    return check_int("num_splits", num_splits, 1)
 
 
 def check_node_ids(node_ids: Tensor, num_nodes: int | None = None) -> Tensor:

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.datamodules.graph_splits import public_id_uniforms
 
 __all__ = ["GraphPair", "GraphSource", "PyGSource"]
@@ -92,9 +93,7 @@ def simple_undirected_edges(pairs: list[tuple[int, int]], num_nodes: int) -> Ten
 
 def check_max_nodes(max_nodes: int | None) -> int | None:
     """``max_nodes`` of a hashed subset: None (all nodes) or an int >= 10."""
-    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 10):
-        raise ValueError(f"`max_nodes` must be None or an int >= 10, got {max_nodes!r}.")
-    return max_nodes
+    return check_int("max_nodes", max_nodes, 10, optional=True)
 
 
 def hashed_subset(node_ids: Tensor, max_nodes: int | None, population: int, seed: int) -> Tensor:

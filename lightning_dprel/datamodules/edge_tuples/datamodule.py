@@ -12,7 +12,6 @@ References:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from lightning_dprel.core.datamodule import PrivateDataModule
@@ -39,6 +38,7 @@ from lightning_dprel.datamodules.edge_tuples.rows import slice_rows
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.datamodules.edge_tuples.public import PublicRelations
 from lightning_dprel.encoders import resolve_tokenizer
+from lightning_dprel.core.checks import check_choice, check_probability, positive_finite
 from lightning_dprel.core.randomness import distributed
 from lightning_dprel.datamodules.edge_tuples.sampling import CAPPING_POLICIES
 from lightning_dprel.core.specs import ENTITY, SamplingSpec
@@ -195,24 +195,17 @@ class RelationalDataModule(PrivateDataModule):
                 "privacy guarantee). Use it for tests and reproducible experiments; sampling_seed=None for private runs.",
                 category=UserWarning,
             )
-        if capping not in CAPPING_POLICIES:
-            raise ValueError(f"`capping` must be one of {CAPPING_POLICIES}, got {capping!r}.")
-        if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, (int, float)):
-            raise TypeError(f"`expected_batch_size` must be a number, got {type(expected_batch_size).__name__}.")
-        if not (expected_batch_size > 0) or math.isinf(expected_batch_size):
-            raise ValueError(f"`expected_batch_size` (b) must be > 0 and finite, got {expected_batch_size}.")
-        if not (0.0 < float(test_fraction) < 1.0):
-            raise ValueError(f"`test_fraction` must be in (0, 1), got {test_fraction}.")
+        check_choice("capping", capping, CAPPING_POLICIES)
+        positive_finite("expected_batch_size (b)", expected_batch_size)
+        check_probability("test_fraction", test_fraction)
         if eval_candidates is not None:
             check_int("eval_candidates", eval_candidates, 1, " Use None to rank against all nodes.")
         if max_eval_queries is not None:
             check_int("max_eval_queries", max_eval_queries, 1)
         if steps_per_epoch is not None:
             check_int("steps_per_epoch", steps_per_epoch, 1)
-        if not (0.0 < float(max_overflow_probability) < 1.0):
-            raise ValueError(f"`max_overflow_probability` must be in (0, 1), got {max_overflow_probability}.")
-        if isinstance(relation_fraction, bool) or not 0.0 < float(relation_fraction) <= 1.0:
-            raise ValueError(f"`relation_fraction` must be in (0, 1], got {relation_fraction!r}.")
+        check_probability("max_overflow_probability", max_overflow_probability)
+        check_probability("relation_fraction", relation_fraction, one=True)
         if transform is not None and not callable(transform):
             raise TypeError(f"`transform` must be callable (Data -> Data), got {type(transform).__name__}.")
         self.source, self.test_source, self.val_source = source, test_source, val_source

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lightning_dprel.core import randomness
+from lightning_dprel.core.checks import check_choice, check_int, check_probability
 from lightning_dprel.core.randomness import check_source
 
 __all__ = [
@@ -54,8 +55,7 @@ def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
         raise ValueError(f"`edge_index` must have shape [2, E], got {tuple(edge_index.shape)}.")
     if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
         raise TypeError(f"`edge_index` must hold integer node ids, got dtype {edge_index.dtype}.")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"`num_nodes` must be an int >= 1, got {num_nodes!r}.")
+    check_int("num_nodes", num_nodes, 1)
     if num_nodes > _MAX_NODE_ID:
         raise ValueError(f"`num_nodes` must be < 2^31, got {num_nodes}.")
     if edge_index.numel() > 0:
@@ -184,10 +184,8 @@ def cap_degree(
         TypeError: ``"drop"`` without a KeyedStream or ``torch.Generator``.
     """
     _check_edge_index(edge_index, num_nodes)
-    if isinstance(max_degree, bool) or not isinstance(max_degree, int) or max_degree < 1:
-        raise ValueError(f"`max_degree` (K) must be an int >= 1, got {max_degree!r}.")
-    if policy not in CAPPING_POLICIES:
-        raise ValueError(f"`policy` must be one of {CAPPING_POLICIES}, got {policy!r}.")
+    check_int("max_degree (K)", max_degree, 1)
+    check_choice("policy", policy, CAPPING_POLICIES)
     ei = edge_index.long()
     if ei.shape[1] and not bool((ei[0] < ei[1]).all()):
         raise ValueError(
@@ -268,10 +266,8 @@ def poisson_positives(num_edges: int, rate: float, *, generator: Any) -> Tensor:
         ``[|E⁺|]`` sorted long indices into the capped edge list (possibly empty: a real step).
     """
     _check_generator(generator)
-    if isinstance(num_edges, bool) or not isinstance(num_edges, int) or num_edges < 1:
-        raise ValueError(f"`num_edges` must be an int >= 1, got {num_edges!r}.")
-    if not (0.0 < float(rate) <= 1.0):
-        raise ValueError(f"`rate` (gamma) must be in (0, 1], got {rate}.")
+    check_int("num_edges", num_edges, 1)
+    check_probability("rate (gamma)", rate, one=True)
     size = randomness.binomial(num_edges, float(rate), generator)
     return torch.sort(sample_without_replacement(num_edges, size, generator=generator)).values
 
@@ -299,9 +295,8 @@ def neg_sample_wor(
         ValueError: B·k > n (NEG-SAMPLE-WOR is undefined; never truncated), negative arguments.
     """
     _check_generator(generator)
-    for name, val in (("num_pos", num_pos), ("neg_per_pos", neg_per_pos)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
-            raise ValueError(f"`{name}` must be an int >= 0, got {val!r}.")
+    check_int("num_pos", num_pos, 0)
+    check_int("neg_per_pos", neg_per_pos, 0)
     if num_pos * neg_per_pos > num_nodes:
         raise ValueError(
             f"NEG-SAMPLE-WOR needs |E+|*k <= n, got |E+|={num_pos}, k={neg_per_pos}, n={num_nodes}; "

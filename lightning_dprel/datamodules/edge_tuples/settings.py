@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int, check_probability, positive_finite
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.randomness import KeyedStream
 
@@ -86,12 +87,9 @@ class DPDegreeCap:
     """
 
     def __init__(self, keep: float = 0.8, k_max: int = 32, noise_multiplier: float = 3.0, *, stream: KeyedStream | None = None) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0.0 < keep <= 1.0:
-            raise ValueError(f"`keep` must be in (0, 1], got {keep!r}.")
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
-            raise ValueError(f"`k_max` must be an int >= 1, got {k_max!r}.")
-        if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)) or not 0.0 < noise_multiplier < math.inf:
-            raise ValueError(f"`noise_multiplier` must be > 0 and finite, got {noise_multiplier!r}.")
+        check_probability("keep", keep, one=True)
+        check_int("k_max", k_max, 1)
+        positive_finite("noise_multiplier", noise_multiplier)
         if stream is not None and not isinstance(stream, KeyedStream):
             raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
         self.keep, self.k_max, self.noise_multiplier = float(keep), k_max, float(noise_multiplier)
@@ -156,10 +154,8 @@ def suggest_settings(
     from lightning_dprel.accounting import Accountant, noise_multiplier_for
     from lightning_dprel.datamodules.edge_tuples.coupled_stream import make_spec
 
-    if isinstance(num_relations, bool) or not isinstance(num_relations, int) or num_relations < 1:
-        raise ValueError(f"`num_relations` must be an int >= 1, got {num_relations!r}.")
-    if not 0.0 < sampling_rate <= 1.0:
-        raise ValueError(f"`sampling_rate` must be in (0, 1], got {sampling_rate!r}.")
+    check_int("num_relations", num_relations, 1)
+    check_probability("sampling_rate", sampling_rate, one=True)
     delta = min(1.0 / num_relations, 1.0 / num_nodes, 1e-5) if delta is None else float(delta)
     b = max(1, round(sampling_rate * num_relations))
     spec = make_spec(num_nodes, num_relations, max_degree=max_degree, expected_batch_size=b, neg_per_pos=neg_per_pos,

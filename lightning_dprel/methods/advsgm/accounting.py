@@ -44,6 +44,7 @@ from lightning_dprel.accounting.mechanisms.coupled import (
 )
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
+from lightning_dprel.core.checks import check_choice
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_privacy_unit
 
 __all__ = [
@@ -146,8 +147,7 @@ def advsgm_paper_stop_iteration(
     ε uses :data:`DEFAULT_ORDERS` and the Balle et al. (2020) conversion (the script's TF Privacy orders and its
     Canonne–Kamath–Steinke δ give the same stop iterations on PPI).
     """
-    if rule not in STOP_RULES:
-        raise ValueError(f"`rule` must be one of {STOP_RULES}, got {rule!r}.")
+    check_choice("rule", rule, STOP_RULES)
     max_iterations = check_step_count("max_iterations", max_iterations)
     orders = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
     sigma = check_noise_multiplier(sigma)

@@ -21,6 +21,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
+from lightning_dprel.core.checks import check_bool
 from lightning_dprel.core.specs import ENTITY, SamplingSpec
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
@@ -133,8 +134,7 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
         kwargs.setdefault("max_degree", NO_DEGREE_CAP)  # no cap: the paper bounds no degree
         kwargs.setdefault("max_overflow_probability", 1.0 - 1e-12)  # negatives with replacement: no |E+|·k ≤ n bound
         super().__init__(source, expected_batch_size=float(batch_size), neg_per_pos=neg_per_pos, steps_per_epoch=steps_per_epoch, **kwargs)
-        if not isinstance(inject_non_edges, bool):
-            raise TypeError(f"`inject_non_edges` must be a bool, got {type(inject_non_edges).__name__}.")
+        check_bool("inject_non_edges", inject_non_edges)
         self.batch_size, self.inject_non_edges = int(batch_size), inject_non_edges
 
     def setup(self, stage: str | None = None) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lightning_dprel.core.checks import check_int, non_negative
+
 __all__ = ["NodeIdEmbedding"]
 
 
@@ -26,11 +28,8 @@ class NodeIdEmbedding(nn.Module):
 
     def __init__(self, num_nodes: int, dim: int = 128, *, init_std: float = 1.0, seed: int = 0) -> None:
         super().__init__()
-        for name, value in (("num_nodes", num_nodes), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-        if not float(init_std) >= 0.0:
-            raise ValueError(f"`init_std` must be >= 0, got {init_std}.")
+        num_nodes, dim = check_int("num_nodes", num_nodes, 1), check_int("dim", dim, 1)
+        non_negative("init_std", init_std)
         self.init_args = {"num_nodes": num_nodes, "dim": dim, "init_std": float(init_std), "seed": int(seed)}
         self.node_vectors = nn.Embedding(num_nodes, dim)
         self.context_vectors = nn.Embedding(num_nodes, dim)

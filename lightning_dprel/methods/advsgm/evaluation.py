@@ -17,6 +17,8 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.functional.clustering import mutual_info_score, normalized_mutual_info_score
 
+from lightning_dprel.core.checks import check_choice, check_int
+
 __all__ = ["sample_non_edges", "link_auc", "cluster_scores", "SCORES"]
 
 #: Edge scores s(u, v) of :func:`link_auc`: the paper's inner product, or the cosine of the two vectors.
@@ -103,10 +105,7 @@ def sample_non_edges(edge_index: Tensor, num_nodes: int, count: int, *, generato
     """
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"`generator` must be a seeded torch.Generator, got {type(generator).__name__}.")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-        raise ValueError(f"`num_nodes` must be an int >= 0, got {num_nodes!r}.")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"`count` must be an int >= 0, got {count!r}.")
+    num_nodes, count = check_int("num_nodes", num_nodes, 0), check_int("count", count, 0)
     edge_keys = _pair_keys(_check_edges(edge_index, num_nodes, "edge_index"), num_nodes)
     total = num_nodes * (num_nodes - 1) // 2
     free = total - edge_keys.numel()
@@ -147,8 +146,7 @@ def link_auc(node_vectors: Tensor, pos_edges: Tensor, neg_edges: Tensor, *, scor
     Returns:
         The AUC, a float in [0, 1].
     """
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+    check_choice("score", score, SCORES)
     if not isinstance(node_vectors, Tensor) or node_vectors.dim() != 2 or not node_vectors.dtype.is_floating_point:
         raise ValueError(f"`node_vectors` must be a floating [n, d] tensor, got {getattr(node_vectors, 'shape', type(node_vectors))}.")
     n = node_vectors.shape[0]
@@ -210,10 +208,7 @@ def cluster_scores(vectors: Tensor, labels: Tensor, *, num_clusters: int | None 
         raise ValueError("cluster_scores: `vectors` holds NaN or inf.")
     labels = labels.detach().cpu().long()
     k = int(torch.unique(labels).numel()) if num_clusters is None else num_clusters
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
-        raise ValueError(f"`num_clusters` must be an int in [1, {n}], got {num_clusters!r}.")
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ValueError(f"`restarts` must be an int >= 1, got {restarts!r}.")
+    k, restarts = check_int("num_clusters", k, 1, maximum=n), check_int("restarts", restarts, 1)
     clusters = torch.from_numpy(_kmeans_labels(points.numpy(), k, int(seed), restarts)).long()
     with torch.sparse.check_sparse_tensor_invariants(enable=True):  # torchmetrics' sparse contingency table, checked
         mi = float(mutual_info_score(clusters, labels))

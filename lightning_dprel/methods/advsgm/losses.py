@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_choice
+
 __all__ = ["softclip", "constrained_sigmoid", "log_sigmoid", "sgns_loss", "adversarial_loss", "split_tables"]
 
 #: Algorithm 1's bounds (a, b) as the authors' code sets them.
@@ -59,8 +61,7 @@ def sgns_loss(h: Tensor, neg_anchor: Tensor, *, symmetric: bool = True, part: st
     Returns:
         ``[...]`` per-tuple losses.
     """
-    if negatives not in ("sum", "mean"):
-        raise ValueError(f"`negatives` must be 'sum' or 'mean', got {negatives!r}.")
+    check_choice("negatives", negatives, ("sum", "mean"))
     v, c = split_tables(h)
     loss = h.new_zeros(h.shape[:-2])
     if part in ("both", "positive"):

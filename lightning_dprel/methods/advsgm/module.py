@@ -27,6 +27,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import BinaryAUROC
 
+from lightning_dprel.core.checks import check_choice, non_negative
 from lightning_dprel.methods.advsgm.accounting import ADVSGM_PAPER_WARNING
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.update_watch import public_update
@@ -101,18 +102,16 @@ class DPSkipGramModule(PrivateModule):
         per_tuple_mode: str = "auto", chunk_size: int | None = None, diagnostics: bool = False,
     ) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+        check_choice("mode", mode, MODES)
         self.grad_sampler = GradSampler(per_tuple_mode, chunk_size)  # grad_sample's one entry point (validates both)
-        if not float(adversarial) >= 0.0:
-            raise ValueError(f"`adversarial` (λ) must be >= 0, got {adversarial}.")
+        non_negative("adversarial (λ)", adversarial)
         if edge_labelled_negatives and mode != "paper":
             raise ValueError("`edge_labelled_negatives` reads the training edges outside each tuple: paper mode only.")
         if mode == "paper":
             rank_zero_warn(ADVSGM_PAPER_WARNING, category=UserWarning)
             clipping, noise_multiplier = "none", 0.0  # nothing is accounted: the NoiseSpec names mechanism "none"
-        if clipping not in ("standard", "none"):
-            raise ValueError(f"`clipping` must be 'standard' or 'none' (the non-private baseline), got {clipping!r}.")
+        check_choice("clipping", clipping, ("standard", "none"),
+                     " 'none' is the non-private baseline.")
         self._setup_privacy(
             clipping=clipping, accounting=accounting, clip_norm=clip_norm,
             noise_multiplier=noise_multiplier, noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum,

@@ -10,6 +10,7 @@ from typing import Any
 
 from pytorch_lightning import Callback
 
+from lightning_dprel.core.checks import check_choice, positive_finite
 from lightning_dprel.methods.advsgm.accounting import STOP_RULES, advsgm_paper_epsilon, advsgm_paper_stop_iteration
 
 __all__ = ["PaperStop"]
@@ -26,10 +27,8 @@ class PaperStop(Callback):
     """
 
     def __init__(self, target_epsilon: float, *, delta: float = 1e-5, rule: str = "theorem7", max_iterations: int = 750) -> None:
-        if rule not in STOP_RULES:
-            raise ValueError(f"`rule` must be one of {STOP_RULES}, got {rule!r}.")
-        if not float(target_epsilon) > 0:
-            raise ValueError(f"`target_epsilon` must be > 0, got {target_epsilon}.")
+        check_choice("rule", rule, STOP_RULES)
+        positive_finite("target_epsilon", target_epsilon)
         self.target_epsilon, self.delta, self.rule, self.max_iterations = float(target_epsilon), float(delta), rule, int(max_iterations)
         self.stop_at: int | None = None
         self.iterations = 0

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_dprel.core.batch import ExampleBatch
+from lightning_dprel.core.checks import check_choice, check_int, check_probability
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import SamplingSpec
@@ -77,13 +78,10 @@ class NodeSplitDataModule(SteppedDataModule):
         super().__init__()
         if not isinstance(source, NodeSource):
             raise TypeError(f"`source` must be a NodeSource (e.g. WordNetNodes, SyntheticNodes), got {type(source).__name__}.")
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-            raise ValueError(f"`num_splits` must be an int >= 1, got {num_splits!r}.")
+        check_int("num_splits", num_splits, 1)
         q = (1.0 if num_splits == 1 else min(1.0, 10.0 / num_splits)) if sampling_rate is None else float(sampling_rate)
-        if not 0.0 < q <= 1.0:
-            raise ValueError(f"`sampling_rate` must be in (0, 1], got {sampling_rate}.")
-        if mode not in MODES:
-            raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+        check_probability("sampling_rate", q, one=True)
+        check_choice("mode", mode, MODES)
         if full_graph_forward and mode != "paper_faithful":
             raise ValueError("`full_graph_forward=True` reproduces the published pipeline and breaks the guarantee: it needs mode='paper_faithful'.")
         if as_pyg_batches and mode != "provable":

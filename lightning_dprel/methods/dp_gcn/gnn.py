@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_dprel.core.checks import check_choice, check_int, check_probability
+
 __all__ = ["GNNClassifier", "CONVS"]
 
 CONVS = ("gcn", "sage", "gat", "none")
@@ -27,13 +29,11 @@ class GNNClassifier(nn.Module):
 
     def __init__(self, in_dim: int, num_classes: int, *, hidden_dim: int = 32, num_layers: int = 2, dropout: float = 0.5, conv: str = "gcn") -> None:
         super().__init__()
-        for name, value in (("in_dim", in_dim), ("num_classes", num_classes), ("hidden_dim", hidden_dim), ("num_layers", num_layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
-        if conv not in CONVS:
-            raise ValueError(f"`conv` must be one of {CONVS}, got {conv!r}.")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
+        sizes = {"in_dim": in_dim, "num_classes": num_classes, "hidden_dim": hidden_dim}
+        for name, value in {**sizes, "num_layers": num_layers}.items():
+            check_int(name, value, 1)
+        check_choice("conv", conv, CONVS)
+        check_probability("dropout", dropout, zero=True)
         from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
         dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [num_classes]

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 
 from lightning_dprel.core.batch import ExampleBatch
+from lightning_dprel.core.checks import check_choice
 from lightning_dprel.methods.dp_gcn.batch import NodeEvalBatch
 from lightning_dprel.encoders import build_encoder, encoder_spec
 from lightning_dprel.grad_sample.base import MaterializedGrads, trainable_parameters
@@ -61,8 +62,8 @@ class DPNodeModule(PrivateModule):
             encoder = build_encoder(encoder)
         if not isinstance(encoder, nn.Module):
             raise TypeError(f"`encoder` must be a torch.nn.Module, got {type(encoder).__name__}.")
-        if clipping not in ("standard", "none"):
-            raise ValueError(f"DP-GCN clips each subgraph's gradient to C: `clipping` must be 'standard' or 'none', got {clipping!r}.")
+        check_choice("clipping", clipping, ("standard", "none"),
+                     " DP-GCN clips each subgraph's gradient to C ('none': no privacy).")
         self._setup_privacy(clipping=clipping, accounting=accounting, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
                             noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=False)
         self.encoder = encoder

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int, positive_finite
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.randomness import KeyedStream
 
@@ -49,8 +50,8 @@ def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float,
     with ``max_answers`` = A, queries are taken in order and answering stops after A answers (the budget filter)."""
     if counts.dim() != 2 or counts.shape[1] < 2:
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
-    if not (sigma_threshold > 0 and sigma_vote > 0):
-        raise ValueError(f"Both noise scales must be > 0, got σ₁ = {sigma_threshold}, σ₂ = {sigma_vote}.")
+    positive_finite("sigma_threshold (σ₁, the threshold noise)", sigma_threshold)
+    positive_finite("sigma_vote (σ₂, the vote noise)", sigma_vote)
     if not isinstance(stream, KeyedStream):
         raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
     q, c = counts.shape
@@ -68,8 +69,7 @@ def gnmax(counts: Tensor, *, sigma_vote: float, stream: KeyedStream) -> Answers:
     """GNMax on vote counts [Q, C] (Papernot et al. 2018, Sec. 4.1): every query answered with argmax_m (c_m + N(0, σ²))."""
     if counts.dim() != 2 or counts.shape[1] < 2:
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
-    if not sigma_vote > 0:
-        raise ValueError(f"The vote noise must be > 0, got σ₂ = {sigma_vote}.")
+    positive_finite("sigma_vote (σ₂, the vote noise)", sigma_vote)
     if not isinstance(stream, KeyedStream):
         raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
     q, c = counts.shape
@@ -86,7 +86,6 @@ def pate_releases(*, sigma_threshold: float | None, sigma_vote: float, queries: 
     RDP filter at every order), so the A slots are charged whether or not they are used. ``sigma_threshold=None``:
     :func:`gnmax` (no threshold), only the vote releases."""
     slots = int(queries) if answer_slots is None else min(int(answer_slots), int(queries))
-    if slots < 1:
-        raise ValueError(f"`answer_slots` must be >= 1, got {answer_slots}.")
+    check_int("answer_slots", slots, 1)
     vote = GaussianRelease(float(sigma_vote) / 2.0**0.5, unit, slots)
     return (vote,) if sigma_threshold is None else (GaussianRelease(float(sigma_threshold), unit, int(queries)), vote)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_dprel.core.checks import check_choice, check_int, check_probability
 from lightning_dprel.core.datamodule import PrivateDataModule
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.methods.dp_gpl.accounting import LABELLED_NODE
@@ -61,15 +62,11 @@ class PromptDataModule(PrivateDataModule):
         super().__init__()
         if not isinstance(source, NodeSource):
             raise TypeError(f"`source` must be a NodeSource, got {type(source).__name__}.")
-        if view not in VIEWS:
-            raise ValueError(f"`view` must be one of {VIEWS}, got {view!r}.")
-        for name, v in (("num_teachers", num_teachers), ("num_queries", num_queries)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be an int >= 1, got {v!r}.")
-        if query_groups is not None and (isinstance(query_groups, bool) or not isinstance(query_groups, int) or query_groups < 1):
-            raise ValueError(f"`query_groups` must be None or an int >= 1, got {query_groups!r}.")
-        if not 0.0 < public_fraction < 1.0:
-            raise ValueError(f"`public_fraction` must be in (0, 1), got {public_fraction}.")
+        check_choice("view", view, VIEWS)
+        check_int("num_teachers", num_teachers, 1)
+        check_int("num_queries", num_queries, 1)
+        check_int("query_groups", query_groups, 1, optional=True)
+        check_probability("public_fraction", public_fraction)
         self.source, self.num_teachers, self.num_queries = source, num_teachers, num_queries
         self.public_fraction, self.view, self.hops, self.fanout, self.seed = public_fraction, view, hops, fanout, seed
         self.query_groups = query_groups

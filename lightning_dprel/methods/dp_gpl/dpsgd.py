@@ -20,6 +20,7 @@ from torch.func import functional_call
 from torch.utils.data import DataLoader
 
 from lightning_dprel.core.batch import ExampleBatch
+from lightning_dprel.core.checks import check_choice, positive_finite
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.private_module import PrivateModule
 from lightning_dprel.core.randomness import KeyedStream
@@ -54,8 +55,7 @@ class PrivateNodeExamples(SteppedDataModule):
         if dm.view != "public":
             raise ValueError(f"DP-SGD per-node examples need view='public' (G[V_pub ∪ {{v}}]); with view={dm.view!r} "
                              "a private node enters other examples and one node is not one example.")
-        if isinstance(expected_batch_size, bool) or not float(expected_batch_size) > 0 or math.isinf(expected_batch_size):
-            raise ValueError(f"`expected_batch_size` must be > 0 and finite, got {expected_batch_size!r}.")
+        positive_finite("expected_batch_size", expected_batch_size)
         if sample_seed is not None:
             self.warn_seeded(f"PrivateNodeExamples(sample_seed={sample_seed})")
         self.dm, self.b = dm, float(expected_batch_size)
@@ -133,10 +133,9 @@ class DPPromptTuning(PrivateModule):
         super().__init__()
         if encoder is not None and not (isinstance(encoder, nn.Module) and hasattr(encoder, "in_dim") and hasattr(encoder, "out_dim")):
             raise TypeError(f"`encoder` must be a GraphEncoder-like nn.Module (in_dim, out_dim) or None, got {type(encoder).__name__}.")
-        if prompt not in PROMPTS:
-            raise ValueError(f"`prompt` must be one of {sorted(PROMPTS)}, got {prompt!r}.")
-        if clipping not in ("standard", "none"):
-            raise ValueError(f"DP-SGD clips each node's gradient to C: `clipping` must be 'standard' or 'none', got {clipping!r}.")
+        check_choice("prompt", prompt, sorted(PROMPTS))
+        check_choice("clipping", clipping, ("standard", "none"),
+                     " DP-SGD clips each node's gradient to C ('none': no privacy).")
         self._setup_privacy(clipping=clipping, accounting="labelled_node_gaussian", clip_norm=clip_norm,
                             noise_multiplier=noise_multiplier, noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=False)
         self.save_hyperparameters(ignore=["encoder"])

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.datamodules.graph_splits import public_id_uniforms
 
 __all__ = ["EgoBatch", "EgoNets"]
@@ -63,10 +64,8 @@ class EgoNets:
 
     def __init__(self, edge_index: Tensor, num_nodes: int, node_id: Tensor, *, visible: Tensor | None, hops: int = 2,
                  fanout: int | None = 10, seed: int = 0) -> None:
-        if hops < 1:
-            raise ValueError(f"`hops` must be >= 1, got {hops}.")
-        if fanout is not None and fanout < 1:
-            raise ValueError(f"`fanout` must be None or >= 1, got {fanout}.")
+        check_int("hops", hops, 1)
+        check_int("fanout", fanout, 1, optional=True)
         self.num_nodes, self.hops, self.fanout = int(num_nodes), int(hops), fanout
         ei = edge_index.cpu().numpy()
         rank = np.argsort(np.argsort(public_id_uniforms(node_id, seed, "ego-fanout").numpy()))

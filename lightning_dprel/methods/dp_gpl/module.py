@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_dprel.accounting.analysis.pate import rho_for_releases
-from lightning_dprel.core.checks import resolve_delta
+from lightning_dprel.core.checks import (
+    check_choice, check_delta, check_int, check_probability, positive_finite, resolve_delta,
+)
 from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.ledger_module import LedgerModule
 from lightning_dprel.core.specs import privacy_unit
@@ -75,23 +77,19 @@ class DPGPLModule(LedgerModule):
                  answer_budget: int | None = None, sigma_ratio: float = 1.0, teacher_chunk: int = 25, seed: int = 0,
                  noise_seed: int | None = None, allow_untracked: bool = False) -> None:
         super().__init__()
-        if mode not in ("provable", "paper"):
-            raise ValueError(f"`mode` must be 'provable' or 'paper', got {mode!r}.")
-        if threshold is not None and not 0.0 < threshold <= 1.0:
-            raise ValueError(f"`threshold` is None or a fraction of the teachers in (0, 1], got {threshold}.")
+        check_choice("mode", mode, ("provable", "paper"))
+        if threshold is not None:
+            check_probability("threshold (a fraction of the teachers)", threshold, one=True)
         if threshold is None and (answer_budget is not None or mode == "paper"):
             raise ValueError("`threshold=None` (GNMax, every query answered) takes no `answer_budget`, and the paper's "
                              "data-dependent analysis is of Confident-GNMax: give a threshold.")
         if (sigma_threshold == 0) != (sigma_vote == 0) or sigma_threshold < 0 or sigma_vote < 0:
             raise ValueError("`sigma_threshold` and `sigma_vote` must both be > 0 (private) or both 0 (noise-free).")
-        if target_epsilon is not None and not (target_epsilon > 0 and math.isfinite(target_epsilon)):
-            raise ValueError(f"`target_epsilon` must be > 0 and finite, got {target_epsilon}.")
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
-        if answer_budget is not None and (isinstance(answer_budget, bool) or not isinstance(answer_budget, int) or answer_budget < 1):
-            raise ValueError(f"`answer_budget` must be None or an int >= 1, got {answer_budget!r}.")
-        if not sigma_ratio > 0:
-            raise ValueError(f"`sigma_ratio` (σ₁/σ₂) must be > 0, got {sigma_ratio}.")
+        if target_epsilon is not None:
+            positive_finite("target_epsilon", target_epsilon)
+        check_delta(delta)
+        check_int("answer_budget", answer_budget, 1, optional=True)
+        positive_finite("sigma_ratio (σ₁/σ₂)", sigma_ratio)
         self.save_hyperparameters()
         if mode == "paper":
             warnings.warn(DP_GPL_PAPER_WARNING, UserWarning, stacklevel=2)

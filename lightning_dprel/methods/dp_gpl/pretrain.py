@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, GCNConv, DeepGraphInfomax, GAE
 from torch_geometric.utils import negative_sampling
 
+from lightning_dprel.core.checks import check_choice
 from lightning_dprel.progress import ProgressLog
 
 __all__ = ["GraphEncoder", "pretrain", "freeze", "PRETRAINING"]
@@ -19,8 +20,7 @@ class GraphEncoder(nn.Module):
 
     def __init__(self, in_dim: int, hidden_dim: int = 128, *, num_layers: int = 2, conv: str = "gcn") -> None:
         super().__init__()
-        if conv not in ("gcn", "gat"):
-            raise ValueError(f"`conv` must be 'gcn' or 'gat', got {conv!r}.")
+        check_choice("conv", conv, ("gcn", "gat"))
         make = (lambda i, o: GCNConv(i, o)) if conv == "gcn" else (lambda i, o: GATConv(i, o, heads=1))
         dims = [in_dim] + [hidden_dim] * num_layers
         self.convs = nn.ModuleList(make(i, o) for i, o in zip(dims[:-1], dims[1:]))
@@ -40,8 +40,7 @@ def _corrupt(x: Tensor, edge_index: Tensor, generator: torch.Generator) -> tuple
 def pretrain(encoder: GraphEncoder, x: Tensor, edge_index: Tensor, *, method: str = "dgi", epochs: int = 100,
              lr: float = 1e-3, seed: int = 0) -> GraphEncoder:
     """Pre-train ``encoder`` on a **public** graph (x, edge_index) by DGI or edge prediction (GAE), then freeze it."""
-    if method not in PRETRAINING:
-        raise ValueError(f"`method` must be one of {PRETRAINING}, got {method!r}.")
+    check_choice("method", method, PRETRAINING)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     if method == "dgi":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from lightning_dprel.core.checks import check_choice
 
 __all__ = ["GPF", "GPFPlus", "AnswerHead", "build_prompt", "PROMPTS"]
 
@@ -71,8 +72,7 @@ PROMPTS = {"gpf": GPF, "gpf_plus": GPFPlus}
 
 def build_prompt(kind: str, in_dim: int, *, num_prompts: int = 1, num_basis: int = 5) -> nn.Module:
     """A prompt by name (``gpf`` or ``gpf_plus``)."""
-    if kind not in PROMPTS:
-        raise ValueError(f"`prompt` must be one of {sorted(PROMPTS)}, got {kind!r}.")
+    check_choice("prompt", kind, sorted(PROMPTS))
     if kind == "gpf":
         return GPF(in_dim, num_prompts=num_prompts)
     return GPFPlus(in_dim, num_basis=num_basis, num_prompts=num_prompts)

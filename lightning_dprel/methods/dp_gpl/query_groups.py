@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import torch
 from torch import Tensor
+from lightning_dprel.core.checks import check_int
 
 __all__ = ["public_clusters", "group_votes"]
 
@@ -25,8 +26,7 @@ def public_clusters(features: Tensor, k: int, *, seed: int = 0, restarts: int = 
     (k-means++ start) from ``restarts`` starts, the one with the least within-cluster sum of squares kept."""
     from scipy.cluster.vq import kmeans2
 
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= features.shape[0]:
-        raise ValueError(f"`k` must be an int in [1, {features.shape[0]}] (the public nodes to cluster), got {k!r}.")
+    check_int("k", k, 1, " k is at most the public nodes to cluster.", maximum=features.shape[0])
     x = torch.nn.functional.normalize(features.double(), dim=1).numpy()
     rng, best, best_sse = np.random.default_rng(seed), None, np.inf
     for _ in range(max(1, int(restarts))):  # one start can leave two centres in one cluster

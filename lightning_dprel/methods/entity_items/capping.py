@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from lightning_dprel.core.checks import check_int
+
 __all__ = ["keyed_cap"]
 
 
@@ -18,8 +20,7 @@ def keyed_cap(entity_ids: Sequence[str], item_ids: Sequence[str], pairs: torch.T
     """
     if not isinstance(key, bytes) or len(key) < 16:
         raise ValueError("`key` must be at least 16 bytes (from the keyed stream).")
-    if isinstance(max_relations, bool) or not isinstance(max_relations, int) or max_relations < 1:
-        raise ValueError(f"`max_relations` (K) must be an int >= 1, got {max_relations!r}.")
+    check_int("max_relations (K)", max_relations, 1)
     e, i = pairs[0].tolist(), pairs[1].tolist()
     h = [hashlib.blake2b(f"{entity_ids[a]}\0{item_ids[b]}".encode(), key=key[:64], digest_size=8).digest()
          for a, b in zip(e, i)]

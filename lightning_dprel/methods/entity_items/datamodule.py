@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torch_geometric.data import HeteroData
 
-from lightning_dprel.core.checks import check_int
+from lightning_dprel.core.checks import check_choice, check_int, check_probability
 from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.example_views import TensorRows
 from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
@@ -85,8 +85,7 @@ class EntityItemDataModule(SteppedDataModule):
             raise ValueError("Give `data` (a HeteroData) or `source` (an object whose load() returns one), not both.")
         if source is not None and not callable(getattr(source, "load", None)):
             raise TypeError(f"`source` must have a load() method returning a HeteroData, got {type(source).__name__}.")
-        if recipe not in RECIPES:
-            raise ValueError(f"`recipe` must be one of {RECIPES}, got {recipe!r}.")
+        check_choice("recipe", recipe, RECIPES)
         if not (isinstance(relation, (tuple, list)) and len(relation) == 3):
             raise ValueError(f"`relation` must be an edge type (entity type, name, item type), got {relation!r}.")
         self.source, self.relation, self.recipe = source, tuple(relation), recipe
@@ -100,8 +99,7 @@ class EntityItemDataModule(SteppedDataModule):
             raise ValueError("`sampled_items` is for recipe='entity'; the relation recipe takes `neg_per_pos`.")
         if self.sampled_items:
             self.example_view = TensorRows(shared=("sampled",))
-        if not 0.0 < float(train_fraction) <= 1.0:
-            raise ValueError(f"`train_fraction` must be in (0, 1], got {train_fraction}.")
+        check_probability("train_fraction", train_fraction, one=True)
         self.b, self.train_fraction = float(expected_batch_size), float(train_fraction)
         self.eval_batch_size = check_int("eval_batch_size", eval_batch_size, 1)
         if seed is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
+from lightning_dprel.core.checks import positive_finite
 
 __all__ = ["EntityItemRanker"]
 
@@ -37,8 +38,7 @@ class EntityItemRanker(pl.LightningModule):
                  query_weight: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["item_x", "item_prior"])  # the tensors travel in the state dict
-        if not float(temperature) > 0:
-            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
+        positive_finite("temperature", temperature)
         self.temperature, self.lr, self.query_weight = float(temperature), float(lr), float(query_weight)
         if rank is None:
             self.adapter = nn.Linear(dim, dim, bias=False)

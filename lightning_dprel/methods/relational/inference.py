@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.datamodules.edge_tuples.batch import RankingBatch
 from lightning_dprel.encoders import output_width
 from lightning_dprel.methods.relational.losses import pair_scores, score_matrix
@@ -270,10 +271,7 @@ class EmbedAndRank:
                 (then ``indices`` and ``scores`` are ``[Q, k]``).
             candidates: texts, embeddings ``[C, d]`` or node inputs, as :meth:`score_pairs` takes them.
         """
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
-            raise TypeError(f"`k` must be a positive int or None (all candidates), got {type(k).__name__}.")
-        if k is not None and k < 1:
-            raise ValueError(f"`k` must be a positive int or None (all candidates), got {k}.")
+        check_int("k", k, 1, " k: a positive int, or None for all candidates.", optional=True)
         single = isinstance(query, str) or (isinstance(query, Tensor) and query.dim() == 1)
         if single:
             query = [query] if isinstance(query, str) else query.unsqueeze(0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from lightning_dprel.core.checks import check_choice, non_negative, positive_finite
 
 __all__ = ["SCORES", "LOSSES", "pair_scores", "score_matrix", "tuple_scores", "infonce_loss", "hinge_loss", "tuple_loss", "check_loss_options"]
 
@@ -24,14 +25,10 @@ LOSSES = ("infonce", "hinge")
 
 def check_loss_options(*, score: str, temperature: float, loss: str, margin: float) -> None:
     """Validate score/loss options, raising ``ValueError`` that names the parameter and a remedy."""
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
-    if loss not in LOSSES:
-        raise ValueError(f"`loss` must be one of {LOSSES}, got {loss!r}.")
-    if not float(temperature) > 0.0:
-        raise ValueError(f"`temperature` must be > 0 (it divides the cosine score), got {temperature}.")
-    if not float(margin) >= 0.0:
-        raise ValueError(f"`margin` must be >= 0 for the hinge loss, got {margin}.")
+    check_choice("score", score, SCORES)
+    check_choice("loss", loss, LOSSES)
+    positive_finite("temperature", temperature, "it divides the cosine score")
+    non_negative("margin", margin, "the hinge loss's margin")
 
 
 def _views(h: Tensor) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_dprel.core.checks import check_bool, check_int
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.encoders import build_encoder, check_encoder_inputs, encoder_spec
 from lightning_dprel.methods.relational.inference import input_spec_of
@@ -121,15 +122,13 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
             noise_seed=noise_seed, optimizer=optimizer, lr=lr, momentum=momentum, diagnostics=diagnostics,
         )
         if vmap_chunk_size is not None:
-            if isinstance(vmap_chunk_size, bool) or not isinstance(vmap_chunk_size, int) or vmap_chunk_size < 1:
-                raise ValueError(f"`vmap_chunk_size` must be a positive int or None, got {vmap_chunk_size!r}.")
+            check_int("vmap_chunk_size", vmap_chunk_size, 1, optional=True)
             rank_zero_warn("DPRelationalModule(vmap_chunk_size=...) is deprecated: use chunk_size=.", category=DeprecationWarning)
             chunk_size = vmap_chunk_size
         #: Per-tuple norms and clipped sums (grad_sample's one entry point: ghost where exact, else vmap; the chunk rule).
         self.grad_sampler = GradSampler(per_tuple_mode, chunk_size)
         self.encoder = encoder
-        if not isinstance(log_train_metrics, bool):
-            raise TypeError(f"`log_train_metrics` must be a bool, got {type(log_train_metrics).__name__}.")
+        check_bool("log_train_metrics", log_train_metrics)
         if secure_noise is not None:
             rank_zero_warn(
                 "DPRelationalModule(secure_noise=...) is deprecated and ignored: the noise always comes from a "
