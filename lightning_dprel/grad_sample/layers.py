@@ -253,10 +253,9 @@ class GhostGrads(TupleGradients):
             start += count
         for name, t in self.formed.items():
             out[name] = torch.tensordot(factors.to(t.dtype), _clean(t, dropped), dims=1)
-        for name, shape in self._shapes.items():  # a layer no output gradient reached: 0
-            if name not in out:
-                out[name] = torch.zeros(shape, dtype=factors.dtype, device=self.device)
-        return out
+        zeros = torch.zeros((), dtype=factors.dtype, device=self.device)  # no output gradient came
+        return {name: out[name] if name in out else zeros.expand(shape).clone()
+                for name, shape in self._shapes.items()}  # in the parameters' order
 
 
 Check = Callable[[str, int, object, object], tuple]
