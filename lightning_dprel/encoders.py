@@ -263,6 +263,8 @@ class MLPEncoder(nn.Module):
         dropout: dropout after each hidden activation (per-tuple grads then use vmap randomness="different").
     """
 
+    ghost_safe = True  # row-wise, each Linear called once: ghost clipping is exact (ghost.py)
+
     def __init__(self, in_dim: int, *, hidden_dim: int = 64, out_dim: int = 32, num_layers: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
         self.init_args = {"in_dim": in_dim, "hidden_dim": hidden_dim, "out_dim": out_dim, "num_layers": num_layers, "dropout": dropout}
@@ -308,6 +310,7 @@ class ResidualAdapter(nn.Module):
     """
 
     MODES = ("lowrank", "full", "diagonal")
+    ghost_safe = True  # row-wise: ghost clipping is exact (grad_sample/ghost.py)
 
     def __init__(
         self, in_dim: int, *, mode: str = "lowrank", rank: int | None = None, init_scale: float = 1.0, directed: bool = False,
@@ -411,6 +414,13 @@ class TextEncoder(nn.Module):
             "model_name": model_name, "lora_r": lora_r, "lora_alpha": float(lora_alpha), "lora_dropout": float(lora_dropout),
             "target_modules": list(target_modules), "attn_implementation": attn_implementation, "hidden_dropout": hidden_dropout,
         }
+
+    @property
+    def ghost_safe(self) -> bool:
+        """Ghost clipping is exact (grad_sample/ghost.py, (a)-(c)) on BERT-like models: each
+        sequence on its own, each layer called once."""
+        model_type = getattr(getattr(self.model, "config", None), "model_type", None)
+        return model_type in ("bert", "roberta", "xlm-roberta")
 
     @property
     def tokenizer_name(self) -> str:

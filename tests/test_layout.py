@@ -145,6 +145,40 @@ def test_methods_reach_per_example_gradients_only_through_the_grad_sample_entry_
     assert not offenders, offenders
 
 
+HOOKS = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+         "register_hook", "register_full_backward_pre_hook", "register_backward_hook",
+         "register_module_forward_hook", "register_module_forward_pre_hook",
+         "register_module_full_backward_hook"}
+
+
+def _taps(source: str) -> list[str]:
+    """What taps layers in ``source``: autograd.Function subclasses and hook registrations."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        bases = [ast.unparse(b).split(".")[-1] for b in getattr(node, "bases", ())]
+        if isinstance(node, ast.ClassDef) and "Function" in bases:
+            found.append(f"class {node.name}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in HOOKS:
+            found.append(node.func.attr)
+    return found
+
+
+def test_grad_sample_reaches_no_encoder_or_method_and_has_one_ghost_implementation():
+    files, graph = _files(), _module_graph()
+    bad = {name: sorted(v for v in _reach(graph, name) if _under(v, (f"{LIB}.encoders", METHODS)))
+           for name in files if _under(name, f"{LIB}.grad_sample")}
+    # exactness is declared by the encoder, not listed in grad_sample/
+    assert len(bad) > 5 and not any(bad.values()), {k: v for k, v in bad.items() if v}
+    registry = [name for name, f in files.items() if any(
+        isinstance(n, ast.FunctionDef) and n.name == "register_layer_rule"
+        for n in ast.walk(ast.parse(f.read_text())))]
+    assert len(registry) == 1, registry  # one registry of per-layer rules
+    tapping = {name: found for name, f in files.items() if (found := _taps(f.read_text()))}
+    assert set(tapping) == set(registry), tapping  # and only its module taps layers
+    assert _taps("class T(torch.autograd.Function): ...\nm.register_forward_hook(h)") == [
+        "class T", "register_forward_hook"]
+
+
 def test_no_module_of_the_shared_layers_is_named_after_a_method():
     methods = set(_method_names())
     named = sorted(name for name in _files() if _under(name, SHARED) and methods & set(name.split(".")[2:]))

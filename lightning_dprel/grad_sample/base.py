@@ -25,7 +25,7 @@ __all__ = ["TupleGradients", "MaterializedGrads", "PerTupleResult", "trainable_p
 class TupleGradients:
     """What the private step needs from per-tuple gradients: their norms and their re-weighted sum (Algorithm 3, l. 4).
 
-    :class:`MaterializedGrads` holds the gradients themselves; :class:`lightning_dprel.grad_sample.ghost.GhostGrads` holds only
+    :class:`MaterializedGrads` holds the gradients themselves; :class:`lightning_dprel.grad_sample.layers.GhostGrads` holds only
     what yields the norms and the sum (activations and output gradients, ghost clipping).
     """
 

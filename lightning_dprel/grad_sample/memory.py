@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from lightning_dprel.grad_sample.layers import watching
+
 __all__ = ["available_bytes", "slot_activation_bytes", "auto_chunk_size"]
 
 _SAVED = 3  # activations kept for the backward ≈ 3× the leaf outputs (inputs, outputs, intermediates)
@@ -47,13 +49,8 @@ def slot_activation_bytes(encoder: nn.Module, inputs: Mapping[str, Tensor]) -> i
             if isinstance(t, Tensor):
                 total[0] += t.numel() * t.element_size()
 
-    handles = [m.register_forward_hook(count) for m in encoder.modules() if not list(m.children())]
-    try:
-        with torch.no_grad():
-            encoder(**{k: v[:1, 0] for k, v in inputs.items()})
-    finally:
-        for h in handles:
-            h.remove()
+    with watching([m for m in encoder.modules() if not list(m.children())], count), torch.no_grad():
+        encoder(**{k: v[:1, 0] for k, v in inputs.items()})
     _cache[key] = max(total[0], 1)
     return _cache[key]
 
