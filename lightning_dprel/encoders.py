@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_dprel.core.checks import check_choice, check_int, check_probability, positive_finite
+
 __all__ = [
     "MLPEncoder", "ResidualAdapter", "TextEncoder", "mean_pool", "encoder_spec", "build_encoder", "resolve_tokenizer",
     "check_node_features", "check_encoder_inputs", "output_width",
@@ -268,11 +270,10 @@ class MLPEncoder(nn.Module):
     def __init__(self, in_dim: int, *, hidden_dim: int = 64, out_dim: int = 32, num_layers: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
         self.init_args = {"in_dim": in_dim, "hidden_dim": hidden_dim, "out_dim": out_dim, "num_layers": num_layers, "dropout": dropout}
-        for name, value, low in (("in_dim", in_dim, 1), ("hidden_dim", hidden_dim, 1), ("out_dim", out_dim, 1), ("num_layers", num_layers, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout}.")
+        for name, value in (("in_dim", in_dim), ("hidden_dim", hidden_dim), ("out_dim", out_dim),
+                            ("num_layers", num_layers)):
+            check_int(name, value, 1)
+        check_probability("dropout", dropout, zero=True)
         dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
         layers: list[nn.Module] = []
         for i in range(num_layers):
@@ -317,16 +318,13 @@ class ResidualAdapter(nn.Module):
         train_down: bool = True,
     ) -> None:
         super().__init__()
-        if isinstance(in_dim, bool) or not isinstance(in_dim, int) or in_dim < 1:
-            raise ValueError(f"`in_dim` must be an int >= 1, got {in_dim!r}.")
-        if mode not in self.MODES:
-            raise ValueError(f"`mode` must be one of {self.MODES}, got {mode!r}.")
+        check_int("in_dim", in_dim, 1)
+        check_choice("mode", mode, self.MODES)
         if rank is None:
             rank = min(8, in_dim)
-        if mode == "lowrank" and (isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= in_dim):
-            raise ValueError(f"`rank` must be an int in [1, in_dim={in_dim}], got {rank!r}.")
-        if not float(init_scale) > 0:
-            raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
+        if mode == "lowrank":
+            check_int("rank", rank, 1, maximum=in_dim)
+        positive_finite("init_scale", init_scale)
         self.in_dim, self.mode, self.rank, self.directed = in_dim, mode, rank, bool(directed)
         self.out_dim = 2 * in_dim if directed else in_dim  # directed: [adapter(x) ‖ x]
         self.init_args = {
@@ -387,10 +385,8 @@ class TextEncoder(nn.Module):
 
         from lightning_dprel.pretrained import resolve_pretrained
 
-        if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
-            raise ValueError(f"`lora_r` must be an int >= 0 (0 = full fine-tuning), got {lora_r!r}.")
-        if attn_implementation not in ("eager", "sdpa"):
-            raise ValueError(f"`attn_implementation` must be 'eager' or 'sdpa', got {attn_implementation!r}.")
+        check_int("lora_r", lora_r, 0, " (0 = full fine-tuning)")
+        check_choice("attn_implementation", attn_implementation, ("eager", "sdpa"))
         path = resolve_pretrained(model_name)
         overrides = {}
         if hidden_dropout is not None:

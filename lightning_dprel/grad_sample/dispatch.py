@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from torch import Tensor, nn
 
+from lightning_dprel.core.checks import check_choice
 from lightning_dprel.grad_sample.base import PerTupleResult, trainable_parameters
 from lightning_dprel.grad_sample.ghost import GhostPlan, GhostUnsupported, ghost_grads, ghost_plan
 from lightning_dprel.grad_sample.loop import per_example_loop
@@ -55,8 +56,7 @@ class GradSampler:
     """
 
     def __init__(self, mode: str = "auto", chunk_size: int | str | None = "auto") -> None:
-        if mode not in MODES:
-            raise ValueError(f"`per_tuple_mode` must be one of {MODES}, got {mode!r}.")
+        check_choice("per_tuple_mode", mode, MODES)
         self.mode, self.chunk_size = mode, check_chunk_size(chunk_size)
         self.plans: dict[tuple, GhostPlan] = {}
 

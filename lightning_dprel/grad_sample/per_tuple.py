@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.grad_sample.base import (
     MaterializedGrads,
     PerTupleResult,
@@ -39,8 +40,7 @@ def check_per_tuple_args(
     chunk_size: int | None,
 ) -> dict[str, Tensor]:
     """Validate the arguments shared by the vmap and ghost paths; returns the parameters to differentiate."""
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"`chunk_size` must be a positive int or None, got {chunk_size!r}.")
+    check_int("chunk_size", chunk_size, 1, optional=True)
     if not inputs:
         raise ValueError("`inputs` is empty; pass the per-tuple node inputs, e.g. the relational method's tuple_inputs(batch).")
     params = dict(trainable_parameters(encoder) if params is None else params)

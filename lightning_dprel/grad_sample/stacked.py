@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.grad_sample.base import MaterializedGrads, PerTupleResult
 
 __all__ = ["stacked_copy_grads"]
@@ -31,8 +32,7 @@ def stacked_copy_grads(params: Mapping[str, Tensor], losses_of: Callable[[dict[s
     """
     if not params:
         raise ValueError("`params` is empty: the model has no trainable parameters (none with requires_grad).")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"`size` (B) must be an int >= 0, got {size!r}.")
+    check_int("size (B)", size, 0)
     wide = {n: tuple(p.shape) for n, p in params.items() if p.dim() == 0 or p.shape[0] != 1}
     if wide:
         raise ValueError(f"stacked copies need every shared parameter with a leading dimension 1, got {wide}; "
