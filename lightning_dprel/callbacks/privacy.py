@@ -1,7 +1,7 @@
 r"""Privacy callback: live entity-level ε, a halt before the budget, σ calibration (Algorithm 3).
 
-Keeps only facts, calibration, logging and stopping: what a model spent is its ``privacy_ledger``; how data is
-sampled comes from the datamodule's ``sampling_spec``, how the module noises from its ``noise_spec``.
+Keeps only the budget, calibration, logging and stopping; talks to the model's privacy layer alone
+(:class:`~lightning_dprel.core.privacy_layer.PrivacyLayer`, from the attach seam :mod:`.attach`).
 
 References:
     Huang et al., Differentially Private Relational Learning with Entity-level Privacy Guarantees: Algorithm 3,
@@ -63,8 +63,9 @@ class PrivacyCallback(Callback):
         orders: Rényi orders for the accountant (default: the accountant's).
         accountant: ``"pld"`` (default): ε is the smaller of the privacy-loss-distribution bound (for mechanisms with
             a proven dominating pair) and the RDP bound — calibration, the bar and the halt use it; ``"rdp"``: RDP only.
-        clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required), σ (default 1.0;
-            ``calibrate=True`` replaces it), and whether its training logs (computed without noise) are kept.
+        clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required;
+            refused if a model owns another C), σ (default 1.0; ``calibrate=True`` replaces it), and
+            whether its training logs (computed without noise) are kept.
         allow_large_delta: report a δ with n·δ ≥ 1 (refused otherwise: one unit could be released outright).
 
     Attributes:
@@ -165,8 +166,8 @@ class PrivacyCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        """The model's privacy layer; for releases that are not optimizer steps (DP-GPL's): δ,
-        calibration and the budget, checked before the first (this hook runs before the model's)."""
+        """The model's privacy layer; planned releases (DP-GPL's): δ, calibration, budget, before
+        the first (this hook runs before the model's)."""
         self._layer = layer = privacy_layer(
             trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
             log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
@@ -203,7 +204,7 @@ class PrivacyCallback(Callback):
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
         self._resolve_delta(sampling)
         if self.calibrate:
-            self._apply_calibration(trainer, layer, sampling)
+            self._apply_calibration(trainer, sampling)
             noise = noise_spec_of(layer)
         check_private(noise, self.target_epsilon, self._ledger)
         self.noise_multiplier = float(noise.noise_multiplier)
@@ -327,14 +328,13 @@ class PrivacyCallback(Callback):
         self.delta = resolve_delta(self.delta, sampling, warn="delta" not in self._warned, allow_large=self._allow_large_delta)
         self._warned.add("delta")
 
-    def _apply_calibration(self, trainer: "pl.Trainer", layer: PrivacyLayer,
-                           sampling: SamplingSpec) -> None:
+    def _apply_calibration(self, trainer: "pl.Trainer", sampling: SamplingSpec) -> None:
         """Choose σ for the planned steps and set it on the layer; a resumed fit keeps its σ."""
         if not self._calibrated:
             sigma = calibrated_sigma(trainer, sampling, target=self.target_epsilon, delta=self.delta, mechanism=self.mechanism,
                                      releases=self._releases, spent=self.accountant, kind=self.accountant_kind)
             self._calibrated = True
-            layer.set_noise_multiplier(sigma)
+            self._layer.set_noise_multiplier(sigma)
             for logger in trainer.loggers:
                 logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 
