@@ -193,18 +193,19 @@ PARTS = {
 def _instrumented(prof: _Profiler):
     """Wrap the private path's library functions with ``prof``'s timers (class and module attributes, restored)."""
     from lightning_dprel.callbacks import privacy
-    from lightning_dprel.core import attached, optim, update_watch
+    from lightning_dprel.core import attached, optim, privacy_layer, update_watch
 
     A, D, W, P = attached.AttachedDPSGD, optim.DPOptimizer, update_watch.UpdateWatch, privacy.PrivacyCallback
+    L = privacy_layer.PrivacyLayer  # the layer's charge is the protocol's
     quiet = ("vmap", "check_reduction")
-    originals = [(attached, "user_step_grads"), (attached, "user_step_tapped_grads"), (A, "training_step"), (A, "check_reduction"), (A, "_charge"),
+    originals = [(attached, "user_step_grads"), (attached, "user_step_tapped_grads"), (A, "training_step"), (A, "check_reduction"), (L, "_charge"),
                  (D, "draw_noise"), (D, "pre_step"), (D, "step"), (W, "check"), (W, "rebase"), (P, "on_train_batch_end")]
     saved = [(obj, name, obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)) for obj, name in originals]
     attached.user_step_grads = prof.wrap(attached.user_step_grads, "vmap")
     attached.user_step_tapped_grads = prof.wrap(attached.user_step_tapped_grads, "vmap")
     A.training_step = prof.wrap(A.training_step, "record")
     A.check_reduction = prof.wrap(A.check_reduction, "check_reduction")
-    A._charge = prof.wrap(A._charge, "ledger")
+    L._charge = prof.wrap(L._charge, "ledger")
     D.draw_noise = prof.wrap(D.draw_noise, "noise")
     D.pre_step = prof.wrap(D.pre_step, "clip")
     D.step = prof.wrap(D.step, "optim")

@@ -1,8 +1,10 @@
 """The layout rules docs/architecture.md states, each checked: a shared core, per-example gradient providers,
 accounting, one package per method; no import cycle; the core, grad_sample/ and accounting/ never reach a method; no
 method imports another; per-example gradients through grad_sample/'s one entry point; no core module named after a
-method; every datamodule a PrivateDataModule, every method's model a LedgerModule; no fixtures in library code; a
-small package root. Imports are read with ``ast``: top-level and function-level ones count."""
+method; every datamodule a PrivateDataModule, every method's model a privacy layer or free of
+privacy facts; one privacy-layer protocol the callback talks to alone; no fixtures in library
+code; a small package root. Imports are read with ``ast``: top-level and function-level ones
+count."""
 
 from __future__ import annotations
 
@@ -213,22 +215,70 @@ def test_every_datamodule_is_a_private_datamodule_declaring_a_registered_unit():
             privacy_unit(cls.privacy_unit)  # a registered unit (raises otherwise)
 
 
+def _privacy_facts() -> set[str]:
+    """The names a privacy layer states: the protocol's members, and the facts a plain module may
+    not state by hand."""
+    from lightning_dprel.core.attached import HAND_MADE_FACTS
+    from lightning_dprel.core.privacy_layer import PrivacyLayer
+
+    names = [*vars(PrivacyLayer), *PrivacyLayer.__annotations__]
+    return {n for n in names if not n.startswith("_")} | set(HAND_MADE_FACTS)
+
+
 @pytest.mark.filterwarnings("ignore")
-def test_every_lightning_module_of_a_method_is_a_ledger_module():
+def test_every_lightning_module_of_a_method_is_a_privacy_layer_or_states_no_privacy_fact():
+    """A method's model carries its own layer (a LedgerModule), or is a plain module that
+    PrivacyCallback makes private: then it states no privacy fact (the attached layer does)."""
     from pytorch_lightning import LightningModule
 
     from lightning_dprel.core.ledger_module import LedgerModule
 
-    from lightning_dprel.core.attached import HAND_MADE_FACTS
-
     modules = _library_classes(LightningModule, METHODS)
-    assert len(modules) >= 4
-    # A method's module carries its own ledger, or is a plain module that PrivacyCallback makes private (issue 33's
-    # attached layer, e.g. entity_items' ranker): such a module must state no privacy fact itself.
-    plain = [c for c in modules if not issubclass(c, LedgerModule)]
-    offenders = [c.__qualname__ for c in plain if any(hasattr(c, name) for name in HAND_MADE_FACTS)]
-    assert not offenders, f"plain modules stating privacy facts: {offenders}"
-    assert [c.__qualname__ for c in plain] == ["EntityItemRanker"], "a new plain method module: list it here"
+    facts = _privacy_facts()
+    assert len(modules) >= 4 and {"noise_spec", "privacy_ledger", "open_fit", "charge"} <= facts
+    offenders = {c.__qualname__: sorted(n for n in facts if hasattr(c, n))
+                 for c in modules if not issubclass(c, LedgerModule)}
+    assert not any(offenders.values()), f"plain modules stating privacy facts: {offenders}"
+
+
+def _probes(f: Path, facts: set[str]) -> list[str]:
+    """``getattr``/``hasattr`` calls in ``f`` that ask a model or its layer for a privacy fact, or
+    for a name not written out (a datamodule's or a loader's facts are the data's to state)."""
+    found = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
+            continue
+        name = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+        asked = ast.unparse(node.args[0])
+        model = asked in ("pl_module", "module", "layer", "self._layer")
+        if model and (name is None or name in facts):
+            found.append(f"{f.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_one_privacy_layer_protocol_and_the_callback_talks_to_it_alone():
+    """LedgerModule (and the DP-SGD PrivateModule on it) and the attached layer are one hierarchy
+    and share its code; the callback never probes a model for a privacy fact; the sample token is
+    defined once."""
+    from lightning_dprel.core.attached import AttachedDPSGD
+    from lightning_dprel.core.ledger_module import LedgerModule
+    from lightning_dprel.core.privacy_layer import PrivacyLayer
+    from lightning_dprel.core.private_module import PrivateModule
+
+    layers = (LedgerModule, PrivateModule, AttachedDPSGD)
+    assert all(issubclass(cls, PrivacyLayer) for cls in layers)
+    shared = ("charge", "_charge", "noise_spec", "set_noise_multiplier", "is_private",
+              "releases_per_sample", "fit_opened", "charge_data_releases", "epsilon",
+              "epsilon_bounds", "report_delta")
+    redefined = {cls.__name__: [n for n in shared if n in vars(cls)] for cls in layers}
+    assert not any(redefined.values()), redefined
+    facts = _privacy_facts()
+    probes = [p for f in sorted((ROOT / LIB / "callbacks").glob("*.py")) for p in _probes(f, facts)]
+    assert not probes, probes
+    counter = [str(f.relative_to(ROOT)) for f in (ROOT / LIB).rglob("*.py")
+               if "batch_progress" in f.read_text()]
+    assert counter == ["lightning_dprel/core/privacy_layer.py"], counter
 
 
 def test_the_library_never_imports_its_fixtures():

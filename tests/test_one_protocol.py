@@ -54,6 +54,14 @@ def test_callback_calibrates_dp_gpl_to_its_target_and_logs_epsilon():
     assert summary.startswith("epsilon = 2.0000 (delta = 1e-05, unit: labelled node)")
 
 
+def test_callback_clip_norm_is_refused_for_a_model_without_dp_sgd_steps():
+    module = DPGPLModule(sigma_threshold=2.0, sigma_vote=2.0, **SMALL)
+    callback = PrivacyCallback(target_epsilon=2.0, delta=1e-5, clip_norm=1.0)
+    with pytest.raises(ValueError, match=r"clip_norm=1\) .* DPGPLModule takes no DP-SGD steps"):
+        quiet_trainer([callback], max_epochs=2).fit(module, tiny_prompt_dm())
+    assert module.answers is None and not module.privacy_ledger.segments
+
+
 def test_untracked_private_dp_gpl_fit_is_refused_before_any_release():
     module = DPGPLModule(sigma_threshold=40.0, sigma_vote=40.0, **SMALL)
     with pytest.raises(RuntimeError, match="no PrivacyCallback"):

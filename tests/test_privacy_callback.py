@@ -309,6 +309,19 @@ def test_missing_or_contradictory_facts_are_refused(callback, module, datamodule
     assert getattr(module, "optimizer_steps", 0) == 0
 
 
+def test_the_callbacks_clip_norm_is_refused_for_a_module_that_clips_to_its_own_c():
+    """A library module owns C: another C given to the callback is refused before any step (it was
+    ignored); the module's own C, given again, is accepted."""
+    module = BoringPrivateModule(clip_norm=1.0)
+    with pytest.raises(ValueError, match=r"clip_norm=2\) .* BoringPrivateModule clips to its own"):
+        make_trainer(PrivacyCallback(delta=1e-5, clip_norm=2.0), max_steps=3).fit(
+            module, datamodule=SpecDataModule(make_spec()))
+    assert module.optimizer_steps == 0 and not module.privacy_ledger.segments
+    make_trainer(PrivacyCallback(delta=1e-5, clip_norm=1.0), max_steps=2).fit(
+        module, datamodule=SpecDataModule(make_spec()))
+    assert module.optimizer_steps == 2 and module.noise_spec.clip_norm == 1.0
+
+
 @pytest.mark.parametrize(
     "trainer_kwargs,match",
     [

@@ -1,8 +1,21 @@
-"""The privacy callback's side of "your own LightningModule, made private": which layer states the facts, the loader's.
+"""The attach seam: where the privacy callback gives a model its privacy layer, and the one place
+it reaches past Lightning's public API.
 
-A lightning_dprel model (a :class:`~lightning_dprel.core.ledger_module.LedgerModule`) states its own facts. Any other
-LightningModule gets the DP-SGD layer attached (:class:`~lightning_dprel.core.attached.AttachedDPSGD`), for the unit its
-training loader or datamodule declares; one that states privacy facts by hand is refused (they were faked before).
+:func:`privacy_layer` gives the callback the
+:class:`~lightning_dprel.core.privacy_layer.PrivacyLayer` of a model: a lightning_dprel model
+(a :class:`~lightning_dprel.core.ledger_module.LedgerModule`) is its own layer; any other
+LightningModule gets the DP-SGD layer attached
+(:class:`~lightning_dprel.core.attached.AttachedDPSGD`), for the unit its training loader or
+datamodule declares; one that states privacy facts by hand is refused (they were faked before).
+
+The callback reaches into Lightning here only: the trainer's strategy steps the DP optimizer in
+place of the user's (``trainer.strategy.optimizers``); the module's ``training_step`` and
+``backward`` (and, through :class:`~lightning_dprel.callbacks.outputs.TrainingLogGuard`, its
+``log``) are shadowed on its instance for the fit and given back by :func:`close_layer`; the
+validation loader is set up early (``fit_loop.epoch_loop.val_loop``) to check it is disjoint from
+the private rows. The callback itself talks to the layer's protocol only. (The core's one other
+reach, Lightning's batch counter, is the sample token,
+:func:`~lightning_dprel.core.privacy_layer.sample_token`.)
 """
 
 from __future__ import annotations
@@ -10,16 +23,17 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from lightning_dprel.callbacks.outputs import (
-    TrainingLogGuard, check_validation_disjoint, refuse_training_monitors, validation_runs,
+    TrainingLogGuard, check_validation_disjoint, refuse_training_monitors,
 )
 from lightning_dprel.core.update_watch import UpdateWatch, declare_public
-from lightning_dprel.core.attached import HAND_MADE_FACTS, LEDGER_KEY, AttachedDPSGD, mark_released
+from lightning_dprel.core.attached import LEDGER_KEY, AttachedDPSGD, refuse_hand_made_facts
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
+from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.core.specs import SamplingSpec
 
-__all__ = ["attach_arguments", "privacy_layer", "sampler_facts", "open_layer", "watch_updates", "close_layer",
-           "saved_ledger_of"]
+__all__ = ["attach_arguments", "privacy_layer", "validation_runs", "sampler_facts", "open_layer",
+           "watch_updates", "close_layer", "saved_ledger_of"]
 
 
 def attach_arguments(clip_norm: Optional[float], noise_multiplier: Optional[float],
@@ -34,25 +48,19 @@ def attach_arguments(clip_norm: Optional[float], noise_multiplier: Optional[floa
     return clip_norm, sigma, log_private_metrics
 
 
-def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], noise_multiplier: Optional[float],
-                  log_private_metrics: bool = False, saved_ledger: Optional[dict] = None) -> Any:
-    """``pl_module`` if it is a lightning_dprel model, else the DP-SGD layer attached to it (its optimizer wrapped)."""
-    from lightning_dprel.core.ledger_module import LedgerModule
-
-    if isinstance(pl_module, LedgerModule):
+def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float],
+                  noise_multiplier: Optional[float], log_private_metrics: bool = False,
+                  saved_ledger: Optional[dict] = None) -> PrivacyLayer:
+    """The privacy layer of ``pl_module``: itself if it is a lightning_dprel model, else the DP-SGD
+    layer attached to it (the trainer steps its DP optimizer; the module's step runs through it)."""
+    if isinstance(pl_module, PrivacyLayer):
         return pl_module
-    faked = [name for name in HAND_MADE_FACTS if hasattr(pl_module, name)]
-    if faked:
-        raise TypeError(
-            f"{type(pl_module).__name__} defines {faked} itself. PrivacyCallback no longer trusts facts a plain "
-            "LightningModule states (a module could claim them and train without noise while ε reads 0): remove them; "
-            "the callback attaches the DP optimizer and the ledger itself. Give it clip_norm= and noise_multiplier= "
-            "(or target_epsilon= with calibrate=True)."
-        )
+    refuse_hand_made_facts(pl_module)
     if clip_norm is None:
         raise ValueError(
-            f"PrivacyCallback makes {type(pl_module).__name__} private itself and needs `clip_norm=` (C, the bound on each "
-            "example's gradient norm), e.g. PrivacyCallback(target_epsilon=8.0, clip_norm=1.0, calibrate=True)."
+            f"PrivacyCallback makes {type(pl_module).__name__} private itself and needs "
+            "`clip_norm=` (C, the bound on each example's gradient norm), e.g. "
+            "PrivacyCallback(target_epsilon=8.0, clip_norm=1.0, calibrate=True)."
         )
     sigma = noise_multiplier if noise_multiplier is not None else 1.0  # calibrate=True replaces it
     if log_private_metrics:
@@ -61,8 +69,16 @@ def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float], n
         from lightning_dprel.core.attached import PRIVATE_METRICS_WARNING
 
         rank_zero_warn(PRIVATE_METRICS_WARNING, category=UserWarning)
-    return AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma,
-                         log_private_metrics=log_private_metrics, saved_ledger=saved_ledger)
+    layer = AttachedDPSGD(trainer, pl_module, clip_norm=clip_norm, noise_multiplier=sigma,
+                          log_private_metrics=log_private_metrics, saved_ledger=saved_ledger)
+    trainer.strategy.optimizers = [layer.dp]
+    pl_module.__dict__["training_step"] = layer.training_step
+    pl_module.__dict__["backward"] = _no_backward
+    return layer
+
+
+def _no_backward(*args: Any, **kwargs: Any) -> None:
+    """The DP optimizer wrote the gradient from per-example ones; the batch loss is not used."""
 
 
 def sampler_facts(trainer: Any) -> tuple[SamplingSpec, ExampleView]:
@@ -118,7 +134,7 @@ def open_layer(trainer: Any, pl_module: Any, layer: Any, *, keep_logs: bool) -> 
     (:mod:`~lightning_dprel.callbacks.outputs`: a plain module's dropped unless ``keep_logs``). Returns ``layer``."""
     if isinstance(layer, AttachedDPSGD):
         layer.prepare(*sampler_facts(trainer))
-    refuse_training_monitors(trainer)
+    refuse_training_monitors(trainer, lambda: validation_runs(trainer))
     _refuse_batch_norm_recomputed(trainer, pl_module)
     if isinstance(layer, AttachedDPSGD) and validation_runs(trainer):
         loaders = trainer.train_dataloader
@@ -128,6 +144,15 @@ def open_layer(trainer: Any, pl_module: Any, layer: Any, *, keep_logs: bool) -> 
     _remove_guard(pl_module)
     TrainingLogGuard(pl_module, trainer, keep=keep_logs or not isinstance(layer, AttachedDPSGD))
     return layer
+
+
+def validation_runs(trainer: Any) -> bool:
+    """Whether this fit runs a validation loop (Lightning's ``enable_validation``: a
+    validation_step, a loader, limit_val_batches > 0, and the loader gives batches)."""
+    if not trainer.enable_validation:
+        return False
+    trainer.fit_loop.epoch_loop.val_loop.setup_data()  # idempotent: Lightning runs it anyway
+    return bool(trainer.val_dataloaders)
 
 
 def _refuse_batch_norm_recomputed(trainer: Any, pl_module: Any) -> None:
@@ -169,13 +194,16 @@ def watch_updates(trainer: Any, pl_module: Any, ledger: Any, *, keep_logs: bool 
     return watch
 
 
-def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch], *, failed: bool = False) -> tuple[Any, None]:
-    """End of fit: the module gets its own methods back (the layer and its ledger stay readable), the watch stops;
-    after an error (``failed``), whatever moved since the last charged release reads ε = ∞."""
+def close_layer(pl_module: Any, layer: Optional[PrivacyLayer], watch: Optional[UpdateWatch], *,
+                failed: bool = False) -> tuple[Any, None]:
+    """End of fit: the layer closes (an attached one gives the module its own methods back; its
+    ledger stays readable), the watch stops; after an error (``failed``), whatever moved since the
+    last charged release reads ε = ∞."""
+    if layer is not None:
+        layer.close_fit(failed=failed)
     if isinstance(layer, AttachedDPSGD):
-        layer.detach()
-        if not failed:
-            mark_released(pl_module)
+        pl_module.__dict__.pop("training_step", None)
+        pl_module.__dict__.pop("backward", None)
     _remove_guard(pl_module)
     if watch is not None:
         if failed:
@@ -186,7 +214,5 @@ def close_layer(pl_module: Any, layer: Any, watch: Optional[UpdateWatch], *, fai
 
 def saved_ledger_of(pl_module: Any, checkpoint: dict) -> Optional[dict]:
     """The ledger a checkpoint saved for an attached layer (a lightning_dprel model restores its own)."""
-    from lightning_dprel.core.ledger_module import LedgerModule
-
-    state = None if isinstance(pl_module, LedgerModule) else checkpoint.get(LEDGER_KEY)
+    state = None if isinstance(pl_module, PrivacyLayer) else checkpoint.get(LEDGER_KEY)
     return None if state is None else state["ledger"]

@@ -12,20 +12,22 @@ from lightning_dprel.accounting.mechanisms import check_accounting_choice, check
 from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 def check_trainer(trainer: "pl.Trainer") -> None:
     """Refuse trainer settings that would override a budget stop or break the accounting."""
-    fit_loop = trainer.fit_loop
-    if fit_loop.min_steps:
+    if trainer.min_steps:
         raise ValueError(
-            f"PrivacyCallback refuses `Trainer(min_steps={fit_loop.min_steps})`: Lightning ignores a stop until "
-            "min_steps are done, so training could run past the privacy budget. Remove min_steps."
+            f"PrivacyCallback refuses `Trainer(min_steps={trainer.min_steps})`: Lightning "
+            "ignores a stop until min_steps are done, so training could run past the privacy "
+            "budget. Remove min_steps."
         )
-    if fit_loop.min_epochs:
+    if trainer.min_epochs:
         raise ValueError(
-            f"PrivacyCallback refuses `Trainer(min_epochs={fit_loop.min_epochs})`: Lightning ignores a stop until "
-            "min_epochs are done, so training could run past the privacy budget. Remove min_epochs."
+            f"PrivacyCallback refuses `Trainer(min_epochs={trainer.min_epochs})`: Lightning "
+            "ignores a stop until min_epochs are done, so training could run past the privacy "
+            "budget. Remove min_epochs."
         )
     refuse_unsafe_trainer_settings(trainer)
     from pytorch_lightning.callbacks import GradientAccumulationScheduler
@@ -75,27 +77,43 @@ def check_arguments(target_epsilon: Optional[float], delta: Optional[float], mec
     return target_epsilon, delta
 
 
-def _fact(pl_module: "pl.LightningModule", name: str, kind: type, what: str, remedy: str) -> Any:
-    value = getattr(pl_module, name, None)
-    if not isinstance(value, kind):
+def noise_spec_of(layer: PrivacyLayer) -> NoiseSpec:
+    """The noise spec; a clear error for a model without DP-SGD steps or planned releases."""
+    spec = layer.noise_spec
+    if not isinstance(spec, NoiseSpec):
         raise TypeError(
-            f"PrivacyCallback needs `pl_module.{name}`, {what}; {type(pl_module).__name__} gives "
-            f"{type(value).__name__}. {remedy}"
+            f"PrivacyCallback needs the noise spec of {type(layer).__name__} (σ, C, clipping, "
+            f"accounting), got {type(spec).__name__}: it takes no DP-SGD steps and plans no "
+            "releases. Build on PrivateModule (DP-SGD steps), or declare the releases with "
+            "planned_releases() (LedgerModule)."
         )
-    return value
+    return spec
 
 
-def noise_spec_of(pl_module: "pl.LightningModule") -> NoiseSpec:
-    return _fact(pl_module, "noise_spec", NoiseSpec, "a lightning_dprel.core.specs.NoiseSpec (σ, C, clipping, accounting)",
-                 "Use a lightning_dprel private module (a PrivateModule: DPRelationalModule, DPNodeModule, …).")
+def ledger_of(layer: PrivacyLayer) -> PrivacyLedger:
+    """The layer's ledger, or a clear error for a model built without one."""
+    ledger = layer.privacy_ledger
+    if not isinstance(ledger, PrivacyLedger):
+        raise TypeError(f"{type(layer).__name__}.privacy_ledger must be a PrivacyLedger, got "
+                        f"{type(ledger).__name__}; create it with "
+                        "LedgerModule._setup_ledger(noise_seed=None) in __init__.")
+    return ledger
 
 
-def ledger_of(pl_module: "pl.LightningModule") -> PrivacyLedger:
-    return _fact(pl_module, "privacy_ledger", PrivacyLedger,
-                 "a lightning_dprel.core.ledger.PrivacyLedger (what the model spent)",
-                 "Use a PrivateModule (DPRelationalModule, DPNodeModule), or hold a PrivacyLedger and charge every "
-                 "release with the training batch as its sample: DPOptimizer.attach_step_hook(lambda r: "
-                 "ledger.charge(r, sample=<this batch's id>)) (releases of one sample are one step at σ/√r).")
+def check_clip_norm(layer: PrivacyLayer, clip_norm: Optional[float]) -> None:
+    """Refuse the callback's ``clip_norm`` for a model that chose another C (it was ignored)."""
+    if clip_norm is None or not layer.owns_clip_norm:
+        return
+    spec = layer.noise_spec
+    own = None if spec is None else float(spec.clip_norm)
+    if own is not None and math.isclose(own, clip_norm, rel_tol=1e-12):
+        return
+    said = "takes no DP-SGD steps (no C)" if own is None else f"clips to its own C = {own:g}"
+    raise ValueError(
+        f"PrivacyCallback(clip_norm={clip_norm:g}) is for a plain LightningModule the callback "
+        f"makes private; {type(layer).__name__} {said}, so the callback's would be ignored. Set C "
+        "on the module (clip_norm=...) and leave the callback's clip_norm None."
+    )
 
 
 def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) -> SamplingSpec:
@@ -244,18 +262,6 @@ class _Labels(dict):
 
 #: How a summary names the accounting that produced an ε (from the mechanism registry).
 ACCOUNTING_LABELS = _Labels()
-
-
-def sigma_setter_of(pl_module: "pl.LightningModule") -> Any:
-    """``pl_module.set_noise_multiplier``, or a clear error for calibration without it."""
-    setter = getattr(pl_module, "set_noise_multiplier", None)
-    if not callable(setter):
-        raise ValueError(
-            f"PrivacyCallback(calibrate=True) sets σ with `pl_module.set_noise_multiplier(sigma)`, which "
-            f"{type(pl_module).__name__} lacks. Add it, or calibrate yourself with "
-            "lightning_dprel.accounting.noise_multiplier_for and pass calibrate=False."
-        )
-    return setter
 
 
 _STATE_KEYS = ("mechanism", "delta", "target_epsilon")

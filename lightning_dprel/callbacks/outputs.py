@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["monitored_metrics", "validation_runs", "refuse_training_monitors", "TrainingLogGuard",
+__all__ = ["monitored_metrics", "refuse_training_monitors", "TrainingLogGuard",
            "check_validation_disjoint", "PUBLIC_METRICS"]
 
 #: Metrics a private fit logs during training that are functions of public facts only (the privacy callback's).
@@ -35,19 +35,11 @@ def monitored_metrics(trainer: Any) -> list[tuple[str, str]]:
     return [(who, key) for who, key in found if key not in PUBLIC_METRICS]
 
 
-def validation_runs(trainer: Any) -> bool:
-    """Whether this fit runs a validation loop (Lightning's ``enable_validation``: a validation_step, a loader,
-    limit_val_batches > 0, and the loader gives batches)."""
-    if not trainer.enable_validation:
-        return False
-    trainer.fit_loop.epoch_loop.val_loop.setup_data()  # idempotent: Lightning runs it before the first validation anyway
-    return bool(trainer.val_dataloaders)
-
-
-def refuse_training_monitors(trainer: Any) -> None:
-    """Refuse, at fit start, a monitor that only training could feed: the fit has no validation loop."""
+def refuse_training_monitors(trainer: Any, validation_runs: Any) -> None:
+    """Refuse, at fit start, a monitor that only training could feed: the fit has no validation loop
+    (``validation_runs()`` says whether it has one)."""
     monitors = monitored_metrics(trainer)
-    if monitors and not validation_runs(trainer):
+    if monitors and not validation_runs():
         who, key = monitors[0]
         raise ValueError(
             f"{who} monitors {key!r}, but this private fit runs no validation, so {key!r} could only be computed on "

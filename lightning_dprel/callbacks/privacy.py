@@ -1,7 +1,7 @@
 r"""Privacy callback: live entity-level ε, a halt before the budget, σ calibration (Algorithm 3).
 
-Keeps only facts, calibration, logging and stopping: what a model spent is its ``privacy_ledger``; how data is
-sampled comes from the datamodule's ``sampling_spec``, how the module noises from its ``noise_spec``.
+Keeps only the budget, calibration, logging and stopping; talks to the model's privacy layer alone
+(:class:`~lightning_dprel.core.privacy_layer.PrivacyLayer`, from the attach seam :mod:`.attach`).
 
 References:
     Huang et al., Differentially Private Relational Learning with Entity-level Privacy Guarantees: Algorithm 3,
@@ -24,10 +24,11 @@ from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.callbacks.checks import (
-    ACCOUNTING_LABELS, check_arguments, check_not_over, check_private, check_trainer, horizon_end, ledger_of, noise_spec_of,
-    resolve_mechanism, check_saved_state, release_summary, resolve_delta, sampling_spec_of, sigma_setter_of, step_summary,
-    calibrated_sigma,
+    ACCOUNTING_LABELS, calibrated_sigma, check_arguments, check_clip_norm, check_not_over,
+    check_private, check_saved_state, check_trainer, horizon_end, ledger_of, noise_spec_of,
+    release_summary, resolve_delta, resolve_mechanism, sampling_spec_of, step_summary,
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
 from lightning_dprel.callbacks.attach import attach_arguments, close_layer, open_layer, privacy_layer, saved_ledger_of, watch_updates
@@ -62,8 +63,9 @@ class PrivacyCallback(Callback):
         orders: Rényi orders for the accountant (default: the accountant's).
         accountant: ``"pld"`` (default): ε is the smaller of the privacy-loss-distribution bound (for mechanisms with
             a proven dominating pair) and the RDP bound — calibration, the bar and the halt use it; ``"rdp"``: RDP only.
-        clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required), σ (default 1.0;
-            ``calibrate=True`` replaces it), and whether its training logs (computed without noise) are kept.
+        clip_norm, noise_multiplier, log_private_metrics: for a plain LightningModule, C (required;
+            refused if a model owns another C), σ (default 1.0; ``calibrate=True`` replaces it), and
+            whether its training logs (computed without noise) are kept.
         allow_large_delta: report a δ with n·δ ≥ 1 (refused otherwise: one unit could be released outright).
 
     Attributes:
@@ -105,7 +107,7 @@ class PrivacyCallback(Callback):
         self.target_epsilon = target_epsilon
         self.calibrate = calibrate
         self.clip_norm, self._sigma_arg, self._log_private = attach_arguments(clip_norm, noise_multiplier, log_private_metrics)
-        self._layer: Any = None  # the module (a lightning_dprel model) or the DP-SGD layer attached to it
+        self._layer: Optional[PrivacyLayer] = None  # the model itself, or the layer attached to it
         self._watch: Any = None  # parameters after the last charged release (lightning_dprel.core.update_watch)
         self._saved_ledger: Optional[dict] = None  # an attached layer's, from the checkpoint
         self.orders = None if orders is None else tuple(float(a) for a in orders)
@@ -164,41 +166,45 @@ class PrivacyCallback(Callback):
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        """For a model that releases without optimizer steps (DP-GPL's answers): δ, calibration and the budget, checked
-        before the first release (the callback's hooks run before the module's)."""
-        planner = getattr(pl_module, "planned_releases", None)
-        if not callable(planner) or planner() is None:
-            self._layer = privacy_layer(trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
-                                        log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
+        """The model's privacy layer; planned releases (DP-GPL's): δ, calibration, budget, before
+        the first (this hook runs before the model's)."""
+        self._layer = layer = privacy_layer(
+            trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
+            log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
+        check_clip_norm(layer, self.clip_norm)
+        planned = layer.planned_releases()
+        if planned is None:
             return
-        self._ledger = ledger_of(pl_module)
+        self._ledger = ledger = ledger_of(layer)
         unit, units = release_unit_of(trainer, pl_module)
-        pl_module.charge_data_releases(trainer.datamodule)  # what was released on the data already counts
-        self.delta = release_delta(pl_module, self.delta, unit, units, warn="delta" not in self._warned,
+        layer.charge_data_releases(trainer.datamodule)  # released on the data already: counts
+        self.delta = release_delta(layer, self.delta, unit, units, warn="delta" not in self._warned,
                                    allow_large=self._allow_large_delta)
         self._warned.add("delta")
         if self.calibrate:
-            pl_module.calibrate_releases(self.target_epsilon, self.delta)
-        self._planned_epsilon = check_planned_releases(pl_module, planner(), unit, self._ledger, delta=self.delta,
-                                                       target=self.target_epsilon)
+            layer.calibrate_releases(self.target_epsilon, self.delta)
+            planned = layer.planned_releases()
+        self._planned_epsilon = check_planned_releases(pl_module, planned, unit, ledger,
+                                                       delta=self.delta, target=self.target_epsilon)
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if getattr(pl_module, "planned_releases", lambda: None)() is not None:  # releases, no optimizer steps
+        layer = self._layer
+        if layer.planned_releases() is not None:  # releases, no optimizer steps
             check_releases_charged(pl_module, self._ledger, delta=self.delta, planned=self._planned_epsilon)
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
-        layer = open_layer(trainer, pl_module, self._layer, keep_logs=self._log_private)  # sampler, hooks, logs, monitors
-        sampling, noise = self._read_facts(trainer, layer)
+        open_layer(trainer, pl_module, layer, keep_logs=self._log_private)  # sampler, hooks, logs
+        sampling, noise = self._read_facts(trainer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
         self._watch = watch_updates(trainer, pl_module, self._ledger, keep_logs=self._log_private)
         self._steps_seen = self._ledger.private_steps
-        declared = int(getattr(layer, "releases_per_sample", 1))  # noised sums one batch releases on its sample
+        declared = int(layer.releases_per_sample)  # noised sums one batch releases on its sample
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
         self._resolve_delta(sampling)
         if self.calibrate:
-            self._apply_calibration(trainer, layer, sampling)
+            self._apply_calibration(trainer, sampling)
             noise = noise_spec_of(layer)
         check_private(noise, self.target_epsilon, self._ledger)
         self.noise_multiplier = float(noise.noise_multiplier)
@@ -262,8 +268,8 @@ class PrivacyCallback(Callback):
 
     @override
     def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]) -> None:
-        if self._layer is not None and self._layer is not pl_module:  # the attached layer's ledger, under the layer's key
-            checkpoint["lightning_dprel"] = self._layer.state_dict()
+        if self._layer is not None:  # what the model does not save (an attached layer's ledger)
+            self._layer.save_layer(checkpoint)
 
     @override
     def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: dict[str, Any]) -> None:
@@ -311,8 +317,8 @@ class PrivacyCallback(Callback):
     def _budget(self) -> PrivacyBudget:
         return PrivacyBudget(self.target_epsilon, self.delta)
 
-    def _read_facts(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> tuple[SamplingSpec, NoiseSpec]:
-        noise = noise_spec_of(pl_module)
+    def _read_facts(self, trainer: "pl.Trainer") -> tuple[SamplingSpec, NoiseSpec]:
+        noise = noise_spec_of(self._layer)
         sampling = sampling_spec_of(trainer, self._sampling_arg)
         self.mechanism = resolve_mechanism(noise, sampling, self._mechanism_arg, self.mechanism)
         self._sampling = sampling
@@ -322,13 +328,13 @@ class PrivacyCallback(Callback):
         self.delta = resolve_delta(self.delta, sampling, warn="delta" not in self._warned, allow_large=self._allow_large_delta)
         self._warned.add("delta")
 
-    def _apply_calibration(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", sampling: SamplingSpec) -> None:
-        """Choose σ for the planned steps and set it on the module; a resumed fit keeps the σ its optimizer restored."""
+    def _apply_calibration(self, trainer: "pl.Trainer", sampling: SamplingSpec) -> None:
+        """Choose σ for the planned steps and set it on the layer; a resumed fit keeps its σ."""
         if not self._calibrated:
             sigma = calibrated_sigma(trainer, sampling, target=self.target_epsilon, delta=self.delta, mechanism=self.mechanism,
                                      releases=self._releases, spent=self.accountant, kind=self.accountant_kind)
             self._calibrated = True
-            sigma_setter_of(pl_module)(sigma)
+            self._layer.set_noise_multiplier(sigma)
             for logger in trainer.loggers:
                 logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 

@@ -121,8 +121,9 @@ def record_public(module: Any, key: str, value: Any) -> None:
     """``module.public_data[key] = value``: what public data shaped the model, for ``privacy.json`` (not a release); a
     plain module made private keeps it with what its data declared public."""
     from lightning_dprel.core.attached import record_attached_public
+    from lightning_dprel.core.privacy_layer import PrivacyLayer
 
-    if not isinstance(getattr(module, "public_data", None), dict):
+    if not isinstance(module, PrivacyLayer):  # a plain module: its attached layer's record
         return record_attached_public(module, key, value)
     with public_update(module):
         module.public_data[key] = value

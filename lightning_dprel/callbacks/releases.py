@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 from lightning_dprel.accounting.mechanisms import check_unit
 from lightning_dprel.core.checks import resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.privacy_layer import PrivacyLayer
 
 __all__ = ["release_unit_of", "release_delta", "check_planned_releases", "check_releases_charged"]
 
@@ -29,10 +30,11 @@ def release_unit_of(trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> t
     return privacy_unit(declared), units
 
 
-def release_delta(pl_module: "pl.LightningModule", given: Optional[float], unit: Any, units: int, *, warn: bool,
+def release_delta(layer: PrivacyLayer, given: Optional[float], unit: Any, units: int, *, warn: bool,
                   allow_large: bool = False) -> float:
-    """δ of the releases: the callback's or the module's (the one it calibrates to; both given must agree), else 1/(10·n)."""
-    declared = getattr(pl_module, "declared_delta", None)
+    """δ of the releases: the callback's or the model's (the one it calibrates to; both given must
+    agree), else 1/(10·n)."""
+    declared = layer.declared_delta
     if declared is not None and given is not None and not math.isclose(declared, given, rel_tol=1e-12):
         raise ValueError(f"PrivacyCallback(delta={given}) contradicts the module's delta={declared}; give one.")
     return resolve_delta(given if given is not None else declared, unit, units, warn=warn, allow_large=allow_large)

@@ -80,7 +80,10 @@ class ResumeHint(Callback):
             return
         saved = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
         path = next((p for cb in saved for p in (cb.last_model_path, cb.best_model_path) if p), None)
-        steps = getattr(getattr(pl_module, "privacy_ledger", None), "private_steps", trainer.global_step)
+        from lightning_dprel.core.privacy_layer import PrivacyLayer
+
+        layer = pl_module if isinstance(pl_module, PrivacyLayer) else None
+        steps = trainer.global_step if layer is None else layer.privacy_ledger.private_steps
         if path:
             self.message = (
                 f"Interrupted after {steps} private steps. The last checkpoint ({path}) holds the model and its privacy "

@@ -24,12 +24,14 @@ from lightning_dprel.core.example_views import ExampleView
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.per_example_data import per_example_batch_hooks
+from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
 from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
 __all__ = ["AttachedDPSGD", "LEDGER_KEY", "HAND_MADE_FACTS", "default_mechanism", "refuse_mixing_layers",
+           "refuse_hand_made_facts",
            "attached_ledger", "attached_public_data", "record_attached_public", "restore_attached", "mark_released", "released_unchanged",
            "state_digest"]
 
@@ -101,14 +103,29 @@ def _is_message_passing(m: nn.Module) -> bool:
     return isinstance(m, MessagePassing)
 
 
-class AttachedDPSGD:
-    """The DP-SGD layer of a plain LightningModule: its DP optimizer, ledger and per-example step (one per fit)."""
+def refuse_hand_made_facts(module: Any) -> None:
+    """Refuse a plain LightningModule that states privacy facts itself (a module could claim them
+    and train without noise while ε reads 0): the layer states them."""
+    faked = [name for name in HAND_MADE_FACTS if hasattr(module, name)]
+    if faked:
+        raise TypeError(
+            f"{type(module).__name__} defines {faked} itself. PrivacyCallback no longer trusts "
+            "facts a plain LightningModule states (a module could claim them and train without "
+            "noise while ε reads 0): remove them; the callback attaches the DP optimizer and the "
+            "ledger itself. Give it clip_norm= and noise_multiplier= (or target_epsilon= with "
+            "calibrate=True)."
+        )
 
-    releases_per_sample = 1
-    is_private = True
+
+class AttachedDPSGD(PrivacyLayer):
+    """The DP-SGD layer of a plain LightningModule: DP optimizer, ledger and per-example step.
+
+    Built by the privacy callback's attach seam (:mod:`lightning_dprel.callbacks.attach`), which
+    hands the trainer its DP optimizer and the module its :meth:`training_step`."""
 
     def __init__(self, trainer: Any, module: Any, *, clip_norm: float, noise_multiplier: float,
                  log_private_metrics: bool = False, chunk_size: int | None = None, saved_ledger: dict | None = None) -> None:
+        refuse_hand_made_facts(module)
         self.log_private_metrics = bool(log_private_metrics)
         if not module.automatic_optimization:
             raise ValueError(
@@ -121,7 +138,7 @@ class AttachedDPSGD:
                 f"{type(module).__name__}.configure_optimizers gives {len(trainer.optimizers)} optimizers; example-level "
                 "DP-SGD wraps exactly one (a second, plain one would update parameters without noise). Return one."
             )
-        self.trainer, self.module, self.chunk_size = trainer, module, chunk_size
+        self._trainer, self.module, self.chunk_size = trainer, module, chunk_size
         #: The module's ledger: kept on the module across fits (a refit never restarts ε at 0), restored from a checkpoint.
         self.privacy_ledger = module.__dict__.setdefault(_LEDGER_ATTR, PrivacyLedger())
         if saved_ledger is not None:
@@ -135,26 +152,25 @@ class AttachedDPSGD:
             raise ValueError(f"The optimizer holds parameters with requires_grad=False ({frozen[:3]}); leave them out.")
         self.inner = inner
         spec = NoiseSpec(float(noise_multiplier), float(clip_norm), clipping="standard")
-        self.dp = DPOptimizer(inner, named_params=self.params, noise_spec=spec, noise=KeyedStream.secret("noise"))
-        self.dp.attach_step_hook(self._charge)
-        trainer.strategy.optimizers = [self.dp]
+        self._dp_optimizer = DPOptimizer(inner, named_params=self.params, noise_spec=spec,
+                                         noise=KeyedStream.secret("noise"))
+        self._dp_optimizer.attach_step_hook(self._charge)
         self._layers = tapped_layers(module, self.params)  # nn.Linear layers whose per-example gradients are not formed
         self.view: ExampleView | None = None
         self.sampling: SamplingSpec | None = None
         self._restore_hooks = lambda: None
         self._checked_reduction = False
-        self._fit_opened = False
         self._step = module.training_step  # the user's, bound
-        module.__dict__["training_step"] = self.training_step
-        module.__dict__["backward"] = _no_backward
 
-    # --- the facts the privacy callback reads --------------------------------------------------------
     @property
-    def noise_spec(self) -> NoiseSpec:
-        return self.dp.noise_spec
+    def dp(self) -> DPOptimizer:
+        """The DP optimizer around the user's optimizer (σ and C live there)."""
+        return self._dp_optimizer
 
-    def set_noise_multiplier(self, sigma: float) -> None:
-        self.dp.set_noise_multiplier(float(sigma))
+    @property
+    def owns_clip_norm(self) -> bool:
+        """C is the privacy callback's ``clip_norm``."""
+        return False
 
     def prepare(self, sampling: SamplingSpec, view: ExampleView) -> None:
         """Take the sampler's spec, its example view and the unit's mechanism; run overridden batch hooks on each
@@ -164,26 +180,14 @@ class AttachedDPSGD:
             self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
         self.view, self.sampling = view, sampling
         self._restore_hooks()
-        self._restore_hooks = per_example_batch_hooks(self.trainer, self.module, view)
+        self._restore_hooks = per_example_batch_hooks(self._trainer, self.module, view)
 
-    def open_fit(self, sampling: SamplingSpec, noise: NoiseSpec | None = None) -> None:
-        """Open the ledger for this fit's sampling, check the mechanism for its unit and charge the releases recorded on
-        the datamodule's data, each once (once per fit)."""
-        if self._fit_opened:
-            return
-        self.privacy_ledger.open(sampling)
-        if noise is not None:
-            self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
-        dm = self.trainer.datamodule
-        self.privacy_ledger.charge_data_releases(getattr(dm, "data_releases", ()))
-        public = getattr(dm, "public_data", None)
-        if isinstance(public, dict):  # what the data declares public (privacy.json), e.g. validation entities
+    def open_fit(self, sampling: SamplingSpec | None, noise: NoiseSpec | None = None) -> None:
+        """:meth:`PrivacyLayer.open_fit`, and what the data declares public (``privacy.json``)."""
+        super().open_fit(sampling, noise)
+        public = getattr(self._trainer.datamodule, "public_data", None)
+        if isinstance(public, dict):  # e.g. validation entities
             self.module.__dict__[_PUBLIC_ATTR] = dict(public)
-        self._fit_opened = True
-
-    def _charge(self, record: Any) -> None:
-        loop = self.trainer.fit_loop.epoch_loop.batch_progress.total
-        self.privacy_ledger.charge(record, sample=(id(self.trainer), loop.ready))
 
     # --- the step -------------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | dict:
@@ -259,11 +263,14 @@ class AttachedDPSGD:
         """What the checkpoint keeps under the ledger layer's key (as a lightning_dprel model's: ``{"ledger": …}``)."""
         return {"ledger": self.privacy_ledger.state_dict(), "public_data": attached_public_data(self.module)}
 
-    def detach(self) -> None:
-        """Give the module its own ``training_step``, ``backward`` and batch hooks back (its ledger stays readable)."""
-        self.module.__dict__.pop("training_step", None)
-        self.module.__dict__.pop("backward", None)
+    def save_layer(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[LEDGER_KEY] = self.state_dict()
+
+    def close_fit(self, *, failed: bool = False) -> None:
+        """Give the module its batch hooks back; after a fit that ended well, mark its release."""
         self._restore_hooks()
+        if not failed:
+            mark_released(self.module)
 
 
 _RELEASED_ATTR = "_lightning_dprel_released"
@@ -354,10 +361,6 @@ def _about(view: ExampleView) -> str:
     """What one example is, for an error about the user's step (empty where the view has nothing to add)."""
     said = view.describe()
     return f" {said}" if said else ""
-
-
-def _no_backward(*args: Any, **kwargs: Any) -> None:
-    """The gradient was written by the DP optimizer from per-example gradients; the batch loss is not differentiated."""
 
 
 def _close(a: float, b: float) -> bool:

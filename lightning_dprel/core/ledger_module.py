@@ -1,11 +1,13 @@
-"""The ledger layer every private model has, whatever it trains with (DP-SGD steps, PATE answers, released statistics).
+"""The ledger layer: a library model that is its own privacy layer, whatever it releases.
 
-:class:`LedgerModule` owns the :class:`~lightning_dprel.core.ledger.PrivacyLedger` (saved in every checkpoint), the
-keyed noise stream, :meth:`charge` for releases that are not optimizer steps, the privacy report (``privacy.json``), the
-CLI's privacy line and :meth:`export`. The DP-SGD layer (:class:`~lightning_dprel.core.private_module.PrivateModule`)
-sits on top of it; a method that releases without optimizer steps (DP-GPL) sits on it directly and declares what it
-will release (:meth:`planned_releases`), so that :class:`~lightning_dprel.callbacks.PrivacyCallback` can calibrate and
-refuse before the first release.
+:class:`LedgerModule` is a LightningModule and a
+:class:`~lightning_dprel.core.privacy_layer.PrivacyLayer` (the ledger, ``charge``, the fit's
+sampling, ε; saved in every checkpoint). It adds the keyed noise
+stream, the privacy report (``privacy.json``), the CLI's privacy line and :meth:`export`. The
+DP-SGD layer (:class:`~lightning_dprel.core.private_module.PrivateModule`) sits on top of it; a
+method that releases without optimizer steps (DP-GPL) sits on it directly and declares what it
+will release (:meth:`planned_releases`), so that the privacy callback can calibrate and refuse
+before the first release.
 
 References:
     dp-accounting ``dp_event.py`` (a release is an event; events compose); Opacus ``PrivacyEngine`` (one accountant
@@ -23,8 +25,10 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from lightning_dprel.core.events import GaussianRelease
 from lightning_dprel.core.ledger import PrivacyLedger
+from lightning_dprel.core.privacy_layer import (
+    PrivacyLayer, ledger_bounds, ledger_delta, ledger_epsilon, number as _number, privacy_delta,
+)
 from lightning_dprel.core.randomness import KeyedStream
 
 __all__ = ["LedgerModule", "privacy_delta", "EXPORT_FORMAT", "ledger_delta", "ledger_epsilon", "ledger_bounds",
@@ -32,49 +36,6 @@ __all__ = ["LedgerModule", "privacy_delta", "EXPORT_FORMAT", "ledger_delta", "le
 
 #: The format tag of an export folder's ``model.json``.
 EXPORT_FORMAT = "lightning_dprel.export/1"
-
-
-def privacy_delta(module: Any) -> float | None:
-    """δ of the module's privacy reports: its trainer's privacy callback's, else the one saved with it, else None."""
-    trainer = getattr(module, "_trainer", None)
-    for cb in trainer.callbacks if trainer is not None else ():
-        if getattr(cb, "charges_privacy_ledger", False) and getattr(cb, "delta", None) is not None:
-            return float(cb.delta)
-    return getattr(module, "_saved_delta", None)
-
-
-def _number(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
-
-
-def ledger_delta(ledger: PrivacyLedger, delta: float | None) -> float | None:
-    """δ of a ledger's reports: ``delta`` if given, else the unit's default for the last fit's sampling, else None."""
-    if delta is not None:
-        return float(delta)
-    samplings = [s.sampling for s in ledger.segments if s.sampling is not None]
-    if not samplings:
-        return None
-    from lightning_dprel.core.checks import resolve_delta
-
-    last = samplings[-1]
-    return resolve_delta(None, last.unit, last.units, num_edges=last.num_edges, warn=False)
-
-
-def ledger_epsilon(ledger: PrivacyLedger, delta: float | None) -> float:
-    """ε of everything in ``ledger`` at δ (``inf`` after an un-noised step; 0 before any release or without a δ)."""
-    if delta is None:
-        return math.inf if ledger.unprotected_steps else 0.0
-    return float(ledger.epsilon(delta))
-
-
-def ledger_bounds(ledger: PrivacyLedger, delta: float | None) -> dict[str, Any] | None:
-    """``privacy.json``'s ``epsilon_bounds``: both valid bounds at δ and which one ε is (None without a δ)."""
-    if delta is None:
-        return None
-    if math.isinf(ledger_epsilon(ledger, delta)):
-        return {"bound": "none", "rdp": _number(math.inf), "pld": None}
-    b = ledger.epsilon_bounds(delta)
-    return {"bound": b["bound"], "rdp": _number(b["rdp"]), "pld": None if b["pld"] is None else _number(b["pld"])}
 
 
 def ledger_report(ledger: PrivacyLedger, delta: float | None, *, epsilon: float, bounds: dict[str, Any] | None,
@@ -131,7 +92,7 @@ def write_release(folder: Path, module: Any, weights: dict[str, Tensor], meta: d
     return folder
 
 
-class LedgerModule(LightningModule):
+class LedgerModule(LightningModule, PrivacyLayer):
     """Base of every private model: ledger, keyed noise, ``charge(event)``, checkpoint keys, report and export.
 
     Subclasses fill three hooks: :meth:`released_weights` (what :meth:`export` writes), :meth:`privacy_details` (their
@@ -158,58 +119,16 @@ class LedgerModule(LightningModule):
                 category=UserWarning,
             )
 
-    # --- releases ---------------------------------------------------------------------------------------
-    def charge(self, event: GaussianRelease) -> None:
-        """Charge a release that is not an optimizer step (a noised statistic, a PATE answer) to the ledger."""
-        if not isinstance(event, GaussianRelease):
-            raise TypeError(
-                f"{type(self).__name__}.charge takes a release that is not an optimizer step (GaussianRelease), got "
-                f"{type(event).__name__}; optimizer steps are charged by the DP optimizer itself."
-            )
-        self.privacy_ledger.charge(event)
-
-    def planned_releases(self) -> list[GaussianRelease] | None:
-        """The releases this fit will charge before training, at the current σ (None: the fit takes DP-SGD steps)."""
-        return None
-
-    def calibrate_releases(self, target_epsilon: float, delta: float) -> None:
-        """Set the noise of :meth:`planned_releases` so that, with what was spent, they end at ``target_epsilon``."""
-        raise NotImplementedError(f"{type(self).__name__} plans no releases to calibrate.")
+    # --- the fit ---------------------------------------------------------------------------------
+    @property
+    def owns_clip_norm(self) -> bool:
+        """A library model chooses its own C (a privacy callback's clip_norm must agree with it)."""
+        return True
 
     def on_fit_start(self) -> None:
         """Refuse a private fit nothing tracks (before any release); each fit states its sampling anew."""
         self._fit_opened = False
         self._check_tracked()
-
-    @property
-    def fit_opened(self) -> bool:
-        """Whether this fit's sampling is stated in the ledger (:meth:`open_fit` ran)."""
-        return getattr(self, "_fit_opened", False)
-
-    def open_fit(self, sampling: Any, noise: Any = None) -> None:
-        """State this fit's sampling in the ledger and check the mechanism for its unit: once per fit, by the privacy
-        callback (first) or the module."""
-        if self.fit_opened:
-            return
-        self.privacy_ledger.open(sampling)
-        if noise is not None:
-            self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
-        self._fit_opened = True
-        self.charge_data_releases(self.trainer.datamodule)
-
-    def charge_data_releases(self, datamodule: Any) -> None:
-        """Charge the releases made on ``datamodule``'s data before training (each once per model)."""
-        self.privacy_ledger.charge_data_releases(getattr(datamodule, "data_releases", ()))
-
-    @property
-    def is_private(self) -> bool:
-        """Whether this model adds noise (a non-private baseline needs no privacy callback)."""
-        return True
-
-    @property
-    def declared_delta(self) -> float | None:
-        """The δ this model was configured for (a release-making model calibrates to it); None: the callback's."""
-        return None
 
     def _check_tracked(self) -> None:
         """Refuse a private fit nothing tracks (unless ``allow_untracked``): no callback would check the budget."""
@@ -228,23 +147,7 @@ class LedgerModule(LightningModule):
             category=UserWarning,
         )
 
-    # --- what the model spent ---------------------------------------------------------------------------
-    def report_delta(self, delta: float | None = None) -> float | None:
-        """δ of this model's reports: the argument, else the privacy callback's or the saved one, else the unit's default."""
-        return ledger_delta(self.privacy_ledger, delta if delta is not None else privacy_delta(self))
-
-    def epsilon(self, delta: float | None = None) -> float:
-        """ε of everything in the ledger at δ (``inf`` after an un-noised step; 0 before any release)."""
-        return ledger_epsilon(self.privacy_ledger, self.report_delta(delta))
-
-    def epsilon_bounds(self, delta: float | None = None) -> dict[str, Any] | None:
-        """Both valid upper bounds at δ and which one :meth:`epsilon` reports (``privacy.json``'s ``epsilon_bounds``):
-        ``{"bound": "pld" | "rdp", "rdp": ε, "pld": ε or None (no proven dominating pair)}``; None without a δ."""
-        delta = self.report_delta(delta)
-        if delta is not None and math.isinf(self.epsilon(delta)):  # an un-noised release, or a view not covered
-            return {"bound": "none", "rdp": _number(math.inf), "pld": None}
-        return ledger_bounds(self.privacy_ledger, delta)
-
+    # --- the report ------------------------------------------------------------------------------
     def privacy_details(self) -> dict[str, Any]:
         """This model's own fields of ``privacy.json`` (σ, C, clipping; PATE's queries and thresholds)."""
         return {}

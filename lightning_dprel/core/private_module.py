@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,7 +23,6 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_dprel.core.checks import refuse_unsafe_trainer_settings
-from lightning_dprel.core.events import StepRecord
 from lightning_dprel.core.ledger_module import LedgerModule, privacy_delta
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
@@ -46,9 +44,6 @@ class PrivateModule(LedgerModule):
     ledger with the batch as its sample, so r releases are one sampled Gaussian release at σ/√r. A module that makes
     r > 1 releases per batch sets :attr:`releases_per_sample` so that the privacy callback budgets and calibrates for it.
     """
-
-    #: Noised releases one training batch makes on its sample (e.g. 2 for two noised tables stepped separately).
-    releases_per_sample: int = 1
 
     def _setup_privacy(
         self, *, clipping: str, accounting: str | None, clip_norm: float, noise_multiplier: float, noise_seed: int | None,
@@ -73,35 +68,6 @@ class PrivateModule(LedgerModule):
                 "noise (gradient norms, cosines): they are outside the differential-privacy guarantee; do not release them.",
                 category=UserWarning,
             )
-
-    # --- the facts for the accountant ----------------------------------------------------------------
-    @property
-    def noise_spec(self) -> NoiseSpec:
-        """σ, C, clipping mode and accounting (:class:`~lightning_dprel.core.specs.NoiseSpec`): the DP optimizer's once built."""
-        return self._dp_optimizer.noise_spec if self._dp_optimizer is not None else self._noise_spec
-
-    @property
-    def is_private(self) -> bool:
-        return self.noise_spec.is_private
-
-    def set_noise_multiplier(self, sigma: float) -> None:
-        """Set σ for the next steps (the privacy callback calibrates it); steps already taken keep theirs in the ledger."""
-        if self._dp_optimizer is not None:
-            self._dp_optimizer.set_noise_multiplier(float(sigma))
-        else:
-            self._noise_spec = replace(self._noise_spec, noise_multiplier=float(sigma))
-
-    def _charge(self, record: StepRecord) -> None:
-        """Charge one optimizer release; releases made during one training batch are one step on one sample."""
-        self.privacy_ledger.charge(record, sample=self._current_sample())
-
-    def _current_sample(self) -> object:
-        """The training batch being processed, from Lightning's batch counter: a module may step several DP optimizers
-        on one batch without passing the batch along, and the counter is not a hook a subclass could override."""
-        trainer = self._trainer
-        if trainer is None or not trainer.training:
-            return None
-        return (id(trainer), trainer.fit_loop.epoch_loop.batch_progress.total.ready)
 
     # --- the one DP optimizer ------------------------------------------------------------------------------
     def build_dp_optimizer(self, named: Mapping[str, nn.Parameter]) -> DPOptimizer:
