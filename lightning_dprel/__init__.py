@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, SamplingSpec
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "PRIVACY_UNIT": "lightning_dprel.datamodules.edge_tuples.spec",
     "TupleBatch": "lightning_dprel.datamodules.edge_tuples.batch",
     "RankingBatch": "lightning_dprel.datamodules.edge_tuples.batch",
     "DPRelationalModule": "lightning_dprel.methods.relational.module",
@@ -36,7 +37,7 @@ _LAZY = {
     "export_model": "lightning_dprel.export",
 }
 
-__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *_LAZY]
+__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *(name for name in _LAZY if name != "PRIVACY_UNIT")]
 
 
 def __getattr__(name: str) -> Any:

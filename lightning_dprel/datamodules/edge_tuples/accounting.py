@@ -1,15 +1,15 @@
-"""The coupled edge-tuple sampling's mechanisms (entity-level unless stated): Theorem C.1's mixture and its readings.
+"""The coupled edge-tuple sampling's mechanisms (entity-level): Theorem C.1's mixture and its readings, registered on
+import (light: no torch, so the accounting command line loads them without a model).
 
 They account the coupled batches of :mod:`lightning_dprel.datamodules.edge_tuples` (the relational method's and AdvSGM's
-sampling), so they live with the core, as do the generic per-example Poisson Gaussian and the naive bound:
+sampling, whose :class:`~.spec.EdgeTuples` detail they read), so they live with that sampling:
 
 * ``freq_corrected`` — FREQ-CLIP with the corrected profile Δ_freq(i,j) = C(1/2 + 3j/4 + i(1+k)/4) (holds).
 * ``freq_paper`` — FREQ-CLIP with the paper's Eq. 3 (Δ ≡ C; rests on Proposition 4.1, which does not hold as stated:
   reproduces the paper, under-states ε).
 * ``standard`` — standard per-tuple clipping, Theorem C.1 (Δ = C(i + 2j)).
 * ``naive`` — the unamplified Gaussian bound α/(2σ²) of the paper's Figure 2.
-* ``poisson_gaussian`` — per-**example** Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019); its privacy unit
-  is one example, not one entity (the K = 1, k = 0 case of the coupled mechanism).
+* the public-items mixture (Δ = C·i), which AdvSGM with public ids and entities & items register under their units.
 
 The coupled mechanisms charge K' = min(K, n) (:func:`accounted_degree` proves it covers the same neighbouring graphs)
 and refuse K' > 2²²; their cost stops growing with K above
@@ -22,18 +22,17 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.coupled_rdp import coupled_rdp
 from lightning_dprel.accounting.analysis.sampled_gaussian import eq3_rdp
-from lightning_dprel.accounting.pld import binomial_mixture_pld, poisson_gaussian_pld
+from lightning_dprel.accounting.pld import binomial_mixture_pld
 from lightning_dprel.accounting.profiles import freq_corrected_profile, standard_profile
 from lightning_dprel.accounting.registry import register_mechanism
-from lightning_dprel.core.specs import EXAMPLE, SamplingSpec
+from lightning_dprel.core.clipping_modes import register_mechanism_choice
+from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY, edge_tuples
 
 __all__ = [
-    "MECHANISMS", "PAPER_EQ3_WARNING", "EXAMPLE_PRIVACY_UNIT", "accounted_degree", "MAX_ACCOUNTED_DEGREE",
-    "per_example_poisson_gaussian", "per_example_poisson_gaussian_pld", "public_items_profile", "public_items_rdp",
-    "public_items_pld",
+    "MECHANISMS", "PAPER_EQ3_WARNING", "accounted_degree", "MAX_ACCOUNTED_DEGREE", "public_items_profile",
+    "public_items_rdp", "public_items_pld",
 ]
-
-EXAMPLE_PRIVACY_UNIT = EXAMPLE.description
 
 #: The entity-level mechanisms of the paper, in the order reports list them.
 MECHANISMS: tuple[str, ...] = ("freq_corrected", "freq_paper", "standard", "naive")
@@ -49,9 +48,10 @@ PAPER_EQ3_WARNING = (
 
 
 def _spec_kwargs(sampling: SamplingSpec, sigma: float) -> dict:
+    tuples = edge_tuples(sampling)
     return dict(
-        num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=sampling.max_degree,
-        sampling_rate=float(sampling.sampling_rate), neg_per_pos=sampling.neg_per_pos, noise_multiplier=sigma,
+        num_nodes=tuples.num_nodes, num_edges=sampling.population, max_degree=sampling.contribution_bound,
+        sampling_rate=float(sampling.sampling_rate), neg_per_pos=tuples.neg_per_pos, noise_multiplier=sigma,
     )
 
 
@@ -71,10 +71,10 @@ def accounted_degree(sampling: SamplingSpec) -> int:
     theorem with K' = min(K, n) covers exactly the same pairs as with K. (The *observed* maximum degree is no
     such bound: an added entity may bring up to K relations, so it is never used.)
     """
-    k_eff = min(sampling.max_degree, sampling.num_nodes)
+    n, k_eff = edge_tuples(sampling).num_nodes, sampling.accounted_bound
     if k_eff > MAX_ACCOUNTED_DEGREE:
         raise ValueError(
-            f"`max_degree` K = {sampling.max_degree:,} (with n = {sampling.num_nodes:,} nodes, min(K, n) = {k_eff:,}) "
+            f"`max_degree` K = {sampling.contribution_bound:,} (with n = {n:,} nodes, min(K, n) = {k_eff:,}) "
             f"is above the {MAX_ACCOUNTED_DEGREE:,} the coupled accountant evaluates; its ε grows like K² (one "
             "entity with K sampled relations moves the sum by ~K·C), so such a cap gives no useful guarantee. "
             "Lower max_degree to about the graph's largest degree (the paper uses K = 5)."
@@ -88,7 +88,7 @@ def _coupled_kwargs(sampling: SamplingSpec, sigma: float) -> dict:
 
 def _freq_corrected(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
     kw = _coupled_kwargs(sampling, sigma)
-    prof = freq_corrected_profile(kw["max_degree"], sampling.neg_per_pos)
+    prof = freq_corrected_profile(kw["max_degree"], edge_tuples(sampling).neg_per_pos)
     return coupled_rdp(prof, orders=orders, **kw)
 
 
@@ -98,25 +98,12 @@ def _freq_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.
 
 def _standard(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
     kw = _coupled_kwargs(sampling, sigma)
-    prof = standard_profile(kw["max_degree"], sampling.neg_per_pos)
+    prof = standard_profile(kw["max_degree"], edge_tuples(sampling).neg_per_pos)
     return coupled_rdp(prof, orders=orders, **kw)
 
 
 def _naive(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
     return np.asarray(orders, dtype=float) / (2.0 * sigma * sigma)
-
-
-def per_example_poisson_gaussian(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
-    """Per-step RDP of the Poisson-subsampled Gaussian at rate γ, one example per unit (Mironov et al. 2019)."""
-    return eq3_rdp(
-        orders=orders, num_nodes=1, num_edges=sampling.num_edges, max_degree=1,
-        sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma,
-    )
-
-
-def per_example_poisson_gaussian_pld(sampling: SamplingSpec, sigma: float, interval: float):
-    """PLD of one example clipped to C, Poisson at rate γ, add/remove: ((1−γ)N(0, σ²) + γN(1, σ²), N(0, σ²))."""
-    return poisson_gaussian_pld(float(sampling.sampling_rate), sigma, interval)
 
 
 def public_items_profile(max_degree: int, neg_per_pos: int = 0) -> np.ndarray:
@@ -135,7 +122,8 @@ def public_items_rdp(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -
     # j ≡ 0: the profile does not depend on whether the unit fills a negative slot, so the mixture weights
     # (1−p)·b_i + p·b_i merge to b_i for every p; neg_per_pos = 0 evaluates exactly that mixture (one plan point).
     return coupled_rdp(
-        public_items_profile(k_eff), num_nodes=sampling.num_nodes, num_edges=sampling.num_edges, max_degree=k_eff,
+        public_items_profile(k_eff), num_nodes=edge_tuples(sampling).num_nodes, num_edges=sampling.population,
+        max_degree=k_eff,
         sampling_rate=float(sampling.sampling_rate), neg_per_pos=0, noise_multiplier=sigma, orders=orders,
     )
 
@@ -147,27 +135,25 @@ def public_items_pld(sampling: SamplingSpec, sigma: float, interval: float):
 
 
 register_mechanism(
-    "freq_corrected", _freq_corrected, coupled=True, label="FREQ-CLIP corrected", clipping=("freq",),
+    "freq_corrected", _freq_corrected, coupled=True, privacy_unit=ENTITY, label="FREQ-CLIP corrected", clipping=("freq",),
     accounting="corrected", stands_in_for=("freq_paper",),  # the bound that holds, for a run accounted by Eq. 3
     description="FREQ-CLIP, corrected accounting: profile Δ=C(1/2+3j/4+i(1+k)/4) in Theorem C.1's mixture",
 )
 register_mechanism(
-    "freq_paper", _freq_paper, coupled=True, label="FREQ-CLIP paper Eq. 3", clipping=("freq",), accounting="paper",
+    "freq_paper", _freq_paper, coupled=True, privacy_unit=ENTITY, label="FREQ-CLIP paper Eq. 3", clipping=("freq",), accounting="paper",
     warning=PAPER_EQ3_WARNING,
     description="FREQ-CLIP, paper's accounting: Eq. 3 (Δ≡C; Proposition 4.1 does not hold as stated)",
 )
 register_mechanism(
-    "standard", _standard, coupled=True, label="standard (Thm C.1)", clipping=("standard",),
+    "standard", _standard, coupled=True, label="standard (Thm C.1)", clipping=("standard",), privacy_unit=ENTITY,
     description="standard per-tuple clipping: Theorem C.1 (Δ=C(i+2j))",
 )
 register_mechanism(
-    "naive", _naive, coupled=False, label="naive Δ ≡ C, no amplification", warning=PAPER_EQ3_WARNING,
+    "naive", _naive, coupled=False, privacy_unit=ENTITY, label="naive Δ ≡ C, no amplification", warning=PAPER_EQ3_WARNING,
     stands_in_for=("freq_paper",),
     description="naive Gaussian bound α/(2σ²), no amplification by sampling (paper's Figure 2)",
 )
-register_mechanism(
-    "poisson_gaussian", per_example_poisson_gaussian, coupled=False, privacy_unit=EXAMPLE,
-    label="per-example Poisson Gaussian", clipping=("standard",),  # each example clipped to C, add/remove: Δ = C
-    pld=per_example_poisson_gaussian_pld,
-    description="per-example Poisson-subsampled Gaussian at rate γ (Mironov et al. 2019)",
-)
+# What a module's (clipping, accounting) selects: FREQ-CLIP's two readings, and Theorem C.1 for standard clipping.
+for _accounting, _mechanism in ((None, "freq_corrected"), ("corrected", "freq_corrected"), ("paper", "freq_paper")):
+    register_mechanism_choice("freq", _accounting, _mechanism)
+    register_mechanism_choice("standard", _accounting, "standard")
