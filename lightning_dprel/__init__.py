@@ -37,7 +37,7 @@ _LAZY = {
     "export_model": "lightning_dprel.export",
 }
 
-__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *(name for name in _LAZY if name != "PRIVACY_UNIT")]
+__all__ = ["PRIVACY_UNIT", "NoiseSpec", "SamplingSpec", *(n for n in _LAZY if n != "PRIVACY_UNIT")]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,9 @@
 
 Pure mathematics (``analysis/``, ``profiles``, ``conversion``) is apart from bookkeeping (``Accountant``);
 ``mechanisms`` maps names to per-step RDP functions; ``curves`` gives ε over time as data (and a plot).
-Each mechanism states the privacy unit its bound is proven for; the relational method's (the entity) and its
-mechanisms are the coupled edge-tuple sampling's (:mod:`lightning_dprel.datamodules.edge_tuples.accounting`).
+Each mechanism states the privacy unit its bound is proven for; the relational method's unit (the
+entity) and mechanisms are the coupled edge-tuple sampling's
+(:mod:`lightning_dprel.datamodules.edge_tuples.accounting`).
 """
 
 from lightning_dprel.accounting.accountant import Accountant

@@ -73,8 +73,8 @@ class Accountant:
     """Entity-level privacy accountant for Algorithm 3: composition of per-step privacy loss, reported as an (ε, δ).
 
     Args:
-        mechanism: a registered mechanism name (e.g. ``"poisson_gaussian"``, or a method's: the relational
-            ``"freq_corrected"``); ``"none"`` is refused.
+        mechanism: a registered mechanism name (e.g. ``"poisson_gaussian"``, or a method's: the
+            relational ``"freq_corrected"``); ``"none"`` is refused.
         orders: Rényi orders (default :data:`DEFAULT_ORDERS`).
         accountant: ``"pld"`` (default): the smaller of the PLD bound (when every event has a proven dominating pair)
             and the RDP bound; ``"rdp"``: the RDP bound only.

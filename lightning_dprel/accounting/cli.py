@@ -32,7 +32,7 @@ from lightning_dprel.accounting.calibration import noise_multiplier_for
 from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import get_mechanism
 from lightning_dprel.core.specs import SamplingSpec
-from lightning_dprel.datamodules.edge_tuples import accounting as _edge_tuples  # noqa: F401 - registers its mechanisms
+from lightning_dprel.datamodules.edge_tuples import accounting as _coupled  # noqa: F401
 from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples
 
 __all__ = ["main", "build_parser", "mechanism_name", "epsilon_curve", "plot_comparison", "warn_delta"]
@@ -114,8 +114,9 @@ def _sampling(args: argparse.Namespace) -> SamplingSpec:
     if not (0.0 < g <= 1.0):
         raise ValueError(f"`sampling_rate` (--sampling-rate) must be in (0, 1], got {g}.")
     return SamplingSpec(
-        population=args.edges, contribution_bound=args.max_degree, sampling_rate=g, expected_batch_size=g * args.edges,
-        steps_per_epoch=math.ceil(1.0 / g), detail=EdgeTuples(num_nodes=args.nodes, neg_per_pos=args.neg_per_pos),
+        population=args.edges, contribution_bound=args.max_degree, sampling_rate=g,
+        expected_batch_size=g * args.edges, steps_per_epoch=math.ceil(1.0 / g),
+        detail=EdgeTuples(num_nodes=args.nodes, neg_per_pos=args.neg_per_pos),
     )
 
 
@@ -148,7 +149,8 @@ def plot_comparison(
         curves[mech] = eps.tolist()
         plot_epsilon_curve(ts, eps, ax=ax, label=label, delta=delta)
     ax.set_title(
-        f"n={sampling.detail.num_nodes:g}, m={sampling.population:g}, K={sampling.contribution_bound}, "
+        f"n={sampling.detail.num_nodes:g}, m={sampling.population:g}, "
+        f"K={sampling.contribution_bound}, "
         f"γ={sampling.sampling_rate:g}, k={sampling.detail.neg_per_pos}, σ={noise_multiplier:g}",
         fontsize=9,
     )

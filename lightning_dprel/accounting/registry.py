@@ -43,8 +43,8 @@ class Mechanism:
         description: one line naming the bound (and its equation) for reports.
         unit: the :class:`~lightning_dprel.core.specs.PrivacyUnit` the bound is proven for (what neighbouring datasets
             differ by); ``None`` only for a release whose event states its unit (a Gaussian release of a statistic).
-        coupled: True if it needs the sampling's draws to be possible (its detail's ``check_draws``: for coupled edge
-            tuples, Algorithm 2's constraint k·γ·m ≤ n).
+        coupled: True if it needs the sampling's draws to be possible (its detail's
+            ``check_draws``: for coupled edge tuples, Algorithm 2's constraint k·γ·m ≤ n).
         label: the short name reports print next to an ε.
         clipping: the module clipping modes (``NoiseSpec.clipping``) whose sensitivity this bound covers;
             empty for mechanisms that only a standalone accountant uses.
@@ -85,7 +85,8 @@ _REGISTRY: MethodRegistry[Mechanism] = MethodRegistry("mechanisms")
 
 
 def register_mechanism(
-    name: str, rdp: RdpFunction, *, description: str, privacy_unit: "PrivacyUnit | str | None" = ...,
+    name: str, rdp: RdpFunction, *, description: str,
+    privacy_unit: "PrivacyUnit | str | None" = ...,
     coupled: bool = False, overwrite: bool = False, label: str | None = None,
     clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
     stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True, pld: "Callable[..., Any] | None" = None,
@@ -106,10 +107,12 @@ def register_mechanism(
         raise ValueError(f"Mechanism {name!r} is already registered; pass overwrite=True to replace it.")
     bad = [c for c in clipping if not isinstance(c, str) or not c or c == "none"]
     if bad:
-        raise ValueError(f"`clipping` lists the module clipping modes it bounds (e.g. 'standard'), got {bad}.")
+        raise ValueError(
+            f"`clipping` lists the module clipping modes it bounds (e.g. 'standard'), got {bad}."
+        )
     if privacy_unit is ...:
-        raise ValueError(f"Mechanism {name!r} must name the `privacy_unit` its bound is proven for (None only for a "
-                         "release whose event states its unit).")
+        raise ValueError(f"Mechanism {name!r} must name the `privacy_unit` its bound is proven for "
+                         "(None only for a release whose event states its unit).")
     if privacy_unit is None and (clipping or needs_sampling):
         raise ValueError(
             f"Mechanism {name!r}: only a release whose event states its unit (no sampling, no module clipping) may omit "
@@ -226,8 +229,8 @@ def check_noise_multiplier(noise_multiplier: float) -> float:
 
 
 def check_sampling(sampling: SamplingSpec, *, coupled: bool = True) -> SamplingSpec:
-    """Validate a SamplingSpec for accounting (SamplingSpec itself checks its facts); ``coupled``: its detail's draws
-    must be possible too."""
+    """Validate a SamplingSpec for accounting (SamplingSpec itself checks its facts); ``coupled``:
+    its detail's draws must be possible too."""
     if not isinstance(sampling, SamplingSpec):
         raise TypeError(f"`sampling` must be a SamplingSpec, got {type(sampling).__name__}.")
     if coupled and sampling.detail is not None:

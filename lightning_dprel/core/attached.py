@@ -82,7 +82,8 @@ def refuse_mixing_layers(module: nn.Module, unit: str) -> None:
                 f"`{name}` ({type(m).__name__}) updates its running statistics from the private batches without "
                 "noise. Pass track_running_stats=False, or freeze it in eval mode."
             )
-        if privacy_unit(unit).rows and type(m).__module__.startswith("torch_geometric.nn") and _is_message_passing(m):
+        pyg = type(m).__module__.startswith("torch_geometric.nn")
+        if privacy_unit(unit).rows and pyg and _is_message_passing(m):
             raise ValueError(
                 f"`{name}` ({type(m).__name__}) passes messages along the graph, so under the {unit!r} unit one "
                 "example's loss reads other units' data. Train GNNs node-level on the DP-GCN route: "

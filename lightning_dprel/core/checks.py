@@ -45,10 +45,10 @@ def check_delta(delta: Any) -> float:
 DELTA_TIMES_UNITS_WARN = 0.5
 
 
-def resolve_delta(delta: float | None, unit: Any, units: int, *, population: int | None = None, warn: bool,
-                  who: str = "PrivacyCallback: ", allow_large: bool = False) -> float:
-    """δ, by default 1/(10·n), or 1/population where the unit asks for it (``delta_per_row``: the relational paper's 1/m
-    over capped relations) and that is below 1/n; refuses
+def resolve_delta(delta: float | None, unit: Any, units: int, *, population: int | None = None,
+                  warn: bool, who: str = "PrivacyCallback: ", allow_large: bool = False) -> float:
+    """δ, by default 1/(10·n), or 1/population where the unit asks for it (``delta_per_row``: the
+    relational paper's 1/m over capped relations) and that is below 1/n; refuses
     n·δ ≥ 1 unless ``allow_large`` (one of the n units could be released outright with probability about n·δ) and
     warns unless δ is well below 1/n."""
     n = int(units)  # ``unit``: a PrivacyUnit (its name and what it counts); core.specs imports this module

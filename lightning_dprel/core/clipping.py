@@ -1,10 +1,12 @@
-"""Per-row clipping as factors from per-row norms, by the registered clipping mode (:mod:`.clipping_modes`).
+"""Per-row clipping as factors from per-row norms, by the registered clipping mode
+(:mod:`.clipping_modes`).
 
-The rules map per-row norms to factors, factor_i = 1 / max{1, ‖g_i‖ / t_i}, so the clipped sum Σ_i factor_i·g_i is
-formed without copying. The norms and sums themselves come from the per-example gradient providers
-(:mod:`lightning_dprel.grad_sample`); the helpers on formed gradients (one tensor ``[B, ...]`` or a mapping
-name → ``[B, ...]``) take their norms from :func:`lightning_dprel.grad_sample.sums.per_tuple_norms`. The core's modes
-are ``"standard"`` (t_i = C) and ``"none"``; a method registers its own (the relational method's FREQ-CLIP).
+The rules map per-row norms to factors, factor_i = 1 / max{1, ‖g_i‖ / t_i}, so the clipped sum Σ_i
+factor_i·g_i is formed without copying. The norms and sums themselves come from the per-example
+gradient providers (:mod:`lightning_dprel.grad_sample`); the helpers on formed gradients (one tensor
+``[B, ...]`` or a mapping name → ``[B, ...]``) take their norms from
+:func:`lightning_dprel.grad_sample.sums.per_tuple_norms`. The core's modes are ``"standard"`` (t_i =
+C) and ``"none"``; a method registers its own (the relational method's FREQ-CLIP).
 """
 
 from __future__ import annotations
@@ -16,8 +18,16 @@ from torch import Tensor
 from lightning_dprel.core.clipping_modes import clip_factors, clipping_mode
 from lightning_dprel.grad_sample.sums import PerTupleGrads, dropped_rows, per_tuple_norms, zero_rows
 
-__all__ = ["clip_factors", "check_clip_norm", "factors_from_norms", "grads_factors", "clip_grads",
-           "standard_clip_factors", "apply_factors", "standard_clip"]
+__all__ = [
+    "clip_factors",
+    "check_clip_norm",
+    "factors_from_norms",
+    "grads_factors",
+    "clip_grads",
+    "standard_clip_factors",
+    "apply_factors",
+    "standard_clip",
+]
 
 
 def check_clip_norm(clip_norm: float) -> float:
@@ -30,10 +40,11 @@ def check_clip_norm(clip_norm: float) -> float:
 
 
 def factors_from_norms(norms: Tensor, clipping: str, *, clip_norm: float, **facts: Any) -> Tensor:
-    """Per-row factors ``[B]`` of a registered clipping mode from the norms (the optimizer's training path uses this).
+    """Per-row factors ``[B]`` of a registered clipping mode from the norms (the optimizer's
+    training path uses this).
 
-    ``facts``: what the mode reads from the batch besides the norms (FREQ-CLIP's ``max_freq``); None entries are
-    dropped, so a mode that needs one names it in its error.
+    ``facts``: what the mode reads from the batch besides the norms (FREQ-CLIP's ``max_freq``); None
+    entries are dropped, so a mode that needs one names it in its error.
     """
     mode = clipping_mode(clipping)
     if not mode.private:
@@ -47,7 +58,9 @@ def grads_factors(grads: PerTupleGrads, clipping: str, *, clip_norm: float, **fa
     return factors_from_norms(per_tuple_norms(grads), clipping, clip_norm=clip_norm, **facts)
 
 
-def clip_grads(grads: PerTupleGrads, clipping: str, *, clip_norm: float, **facts: Any) -> PerTupleGrads:
+def clip_grads(
+    grads: PerTupleGrads, clipping: str, *, clip_norm: float, **facts: Any
+) -> PerTupleGrads:
     """The per-row gradients clipped by a clipping mode, in the structure of ``grads``."""
     return apply_factors(grads, grads_factors(grads, clipping, clip_norm=clip_norm, **facts))
 

@@ -3,9 +3,10 @@
 * :mod:`.per_example` — the per-example ``poisson_gaussian`` (the core's unit ``example``);
 * :mod:`.releases` — ``gaussian`` (a noised statistic, not an optimizer step).
 
-A method's own mechanisms and units are registered by its package (``lightning_dprel/methods/<m>/accounting.py``,
-imported by the package; the coupled edge-tuple sampling's by :mod:`lightning_dprel.datamodules.edge_tuples.accounting`);
-this list never names a method: a lookup of a name not registered yet imports the method packages
+A method's own mechanisms and units are registered by its package
+(``lightning_dprel/methods/<m>/accounting.py``, imported by the package; the coupled edge-tuple
+sampling's by :mod:`lightning_dprel.datamodules.edge_tuples.accounting`); this list never names a
+method: a lookup of a name not registered yet imports the method packages
 (:mod:`lightning_dprel.core.discovery`).
 """
 

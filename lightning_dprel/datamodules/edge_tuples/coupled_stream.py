@@ -77,7 +77,8 @@ def make_spec(
     steps = steps_per_epoch if steps_per_epoch is not None else math.ceil(1.0 / gamma)
     return SamplingSpec(
         population=m, contribution_bound=max_degree, sampling_rate=gamma, expected_batch_size=b,
-        steps_per_epoch=steps, privacy_unit=privacy_unit, detail=EdgeTuples(num_nodes=n, neg_per_pos=k),
+        steps_per_epoch=steps, privacy_unit=privacy_unit,
+        detail=EdgeTuples(num_nodes=n, neg_per_pos=k),
     )
 
 
@@ -104,15 +105,18 @@ class CoupledStream:
         only through their count (Algorithm 2 never sees them); every rank draws the same global batch.
         """
         spec, tuples = self.spec, edge_tuples(self.spec)
-        idx = poisson_positives(spec.population, spec.sampling_rate, generator=self.randomness.child(step, "positives"))
+        positives = self.randomness.child(step, "positives")
+        idx = poisson_positives(spec.population, spec.sampling_rate, generator=positives)
         if idx.numel() * tuples.neg_per_pos > tuples.num_nodes:
             raise RuntimeError(
-                f"this step drew |E+|={idx.numel()} positives and |E+|*k={idx.numel() * tuples.neg_per_pos} exceeds "
-                f"n={tuples.num_nodes}: NEG-SAMPLE-WOR is impossible and the batch is never truncated; lower "
+                f"this step drew |E+|={idx.numel()} positives and "
+                f"|E+|*k={idx.numel() * tuples.neg_per_pos} exceeds n={tuples.num_nodes}: "
+                "NEG-SAMPLE-WOR is impossible and the batch is never truncated; lower "
                 "expected_batch_size or neg_per_pos (or max_overflow_probability)."
             )
         negatives = self.randomness.child(step, "negatives")
-        neg, anchor = neg_sample_wor(idx.numel(), tuples.neg_per_pos, tuples.num_nodes, generator=negatives)
+        k, n = tuples.neg_per_pos, tuples.num_nodes
+        neg, anchor = neg_sample_wor(idx.numel(), k, n, generator=negatives)
         return self.edges.index_select(1, idx).t().contiguous(), neg, anchor
 
     def make_batch(

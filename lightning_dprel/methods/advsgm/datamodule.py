@@ -106,7 +106,8 @@ class PaperStream(CoupledStream):
     def draw_global(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
         spec, tuples = self.spec, edge_tuples(self.spec)
         b, k = int(round(spec.expected_batch_size)), tuples.neg_per_pos
-        idx = sample_without_replacement(spec.population, b, generator=self.randomness.child(step, "positives"))
+        positives = self.randomness.child(step, "positives")
+        idx = sample_without_replacement(spec.population, b, generator=positives)
         pos = self.edges.index_select(1, idx).t().contiguous()
         flip = self.randomness.child(step, "orientation").uniform(b) < 0.5
         pos = torch.where(flip[:, None], pos.flip(1), pos)
@@ -156,11 +157,13 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
             known = torch.cat([known, torch.stack([self.eval_query, self.eval_target])], dim=1)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "non_edges"))
         self.train_edges = torch.cat([self.train_edges, sample_non_edges(known, n, m, generator=generator)], dim=1)
-        self._spec = replace(self._spec, population=2 * m, sampling_rate=self._spec.expected_batch_size / (2 * m))
+        rate = self._spec.expected_batch_size / (2 * m)
+        self._spec = replace(self._spec, population=2 * m, sampling_rate=rate)
 
     @property
     def sampling_spec(self) -> SamplingSpec:
         spec = RelationalDataModule.sampling_spec.fget(self)
         tuples = edge_tuples(spec)
-        return advsgm_paper_sampling(num_nodes=tuples.num_nodes, num_edges=spec.population, batch_size=self.batch_size,
-                                     k=tuples.neg_per_pos, privacy_unit=self.privacy_unit)
+        return advsgm_paper_sampling(num_nodes=tuples.num_nodes, num_edges=spec.population,
+                                     batch_size=self.batch_size, k=tuples.neg_per_pos,
+                                     privacy_unit=self.privacy_unit)

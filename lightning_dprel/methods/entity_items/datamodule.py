@@ -245,8 +245,9 @@ class EntityItemDataModule(SteppedDataModule):
             raise ValueError(f"`expected_batch_size` must be in (0, {m}] for recipe {self.recipe!r}, got {self.b}.")
         rate = self.b / m
         # num_nodes: the bipartite graph's, so K' = min(K, n + items) never drops below the relations an entity can keep
-        return SamplingSpec(population=m, contribution_bound=k_units, sampling_rate=rate, expected_batch_size=self.b,
-                            steps_per_epoch=math.ceil(1.0 / rate), privacy_unit=self.privacy_unit, num_units=n,
+        return SamplingSpec(population=m, contribution_bound=k_units, sampling_rate=rate,
+                            expected_batch_size=self.b, steps_per_epoch=math.ceil(1.0 / rate),
+                            privacy_unit=self.privacy_unit, num_units=n,
                             detail=EdgeTuples(num_nodes=n + len(self.item_ids)))
 
     # -- batches ------------------------------------------------------------------------------------------------
@@ -255,7 +256,8 @@ class EntityItemDataModule(SteppedDataModule):
         step, self._step = self._step, self._step + 1
         spec = self.sampling_spec
         rank, world = self.world()
-        rows = torch.nonzero(self.stream.child(step, "sample").uniform(spec.population) < spec.sampling_rate).view(-1)
+        kept = self.stream.child(step, "sample").uniform(spec.population) < spec.sampling_rate
+        rows = torch.nonzero(kept).view(-1)
         rows = rows[rank::world]
         if self.recipe == "entity":
             batch = {"query": self.entity_x[self.train_entities[rows]], "items": self.entity_items[rows]}

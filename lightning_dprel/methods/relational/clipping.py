@@ -1,7 +1,8 @@
 """FREQ-CLIP (Algorithm 1), the relational method's clipping mode ``"freq"``, registered on import.
 
-Tuple i is clipped to t_i = C / (2·max-freq(T_i)), where max-freq counts how often the tuple's most frequent node
-occurs in the global batch (:func:`lightning_dprel.datamodules.edge_tuples.sampling.max_freq`).
+Tuple i is clipped to t_i = C / (2·max-freq(T_i)), where max-freq counts how often the tuple's most
+frequent node occurs in the global batch
+(:func:`lightning_dprel.datamodules.edge_tuples.sampling.max_freq`).
 
 References:
     Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
@@ -22,14 +23,20 @@ __all__ = ["FREQ", "freq_clip_thresholds", "freq_clip_factors", "freq_clip"]
 
 
 def freq_clip_thresholds(max_freq: Tensor, clip_norm: float) -> Tensor:
-    """Algorithm 1's per-tuple threshold t_i = C / (2·max-freq(T_i)); ``max_freq`` ``[B]``, entries ≥ 1."""
+    """Algorithm 1's per-tuple threshold t_i = C / (2·max-freq(T_i)); ``max_freq`` ``[B]``, entries
+    ≥ 1."""
     clip_norm = check_clip_norm(clip_norm)
     if not isinstance(max_freq, Tensor) or max_freq.dim() != 1:
-        raise ValueError(f"`max_freq` must be a 1-D tensor [B], got {getattr(max_freq, 'shape', type(max_freq))}.")
+        raise ValueError(
+            "`max_freq` must be a 1-D tensor [B], got "
+            f"{getattr(max_freq, 'shape', type(max_freq))}."
+        )
     if max_freq.numel() and int(max_freq.min()) < 1:
         raise ValueError(
-            f"`max_freq` entries must be >= 1 (every node of a tuple occurs in it), got min {int(max_freq.min())}; "
-            "compute it with lightning_dprel.datamodules.edge_tuples.sampling.max_freq over the global batch."
+            "`max_freq` entries must be >= 1 (every node of a tuple occurs in it), got min "
+            f"{int(max_freq.min())}; "
+            "compute it with lightning_dprel.datamodules.edge_tuples.sampling.max_freq over the "
+            "global batch."
         )
     return clip_norm / (2.0 * max_freq.double())
 
@@ -37,11 +44,18 @@ def freq_clip_thresholds(max_freq: Tensor, clip_norm: float) -> Tensor:
 def _freq_factors(norms: Tensor, clip_norm: float, max_freq: Tensor | None = None) -> Tensor:
     if max_freq is None or max_freq.shape != norms.shape:
         got = None if max_freq is None else tuple(max_freq.shape)
-        raise ValueError(f"`max_freq` must have shape [B] = {tuple(norms.shape)}, got {got}; take it from TupleBatch.max_freq.")
-    return clip_factors(norms, freq_clip_thresholds(max_freq.to(norms.device), clip_norm).to(norms.dtype))
+        raise ValueError(
+            f"`max_freq` must have shape [B] = {tuple(norms.shape)}, got {got}; take it from "
+            "TupleBatch.max_freq."
+        )
+    return clip_factors(
+        norms, freq_clip_thresholds(max_freq.to(norms.device), clip_norm).to(norms.dtype)
+    )
 
 
-FREQ = register_clipping(Clipping("freq", _freq_factors, "tuple i clipped to C / (2·max-freq(T_i)) (Algorithm 1)"))
+FREQ = register_clipping(
+    Clipping("freq", _freq_factors, "tuple i clipped to C / (2·max-freq(T_i)) (Algorithm 1)")
+)
 
 
 def freq_clip_factors(grads: PerTupleGrads, max_freq: Tensor, *, clip_norm: float) -> Tensor:
