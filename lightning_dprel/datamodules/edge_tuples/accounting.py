@@ -167,50 +167,28 @@ def public_items_pld(sampling: SamplingSpec, sigma: float, interval: float):
 
 
 register_mechanism(
-    "freq_corrected",
-    _freq_corrected,
-    coupled=True,
-    privacy_unit=ENTITY,
-    label="FREQ-CLIP corrected",
-    clipping=("freq",),
-    accounting="corrected",
+    "freq_corrected", _freq_corrected, coupled=True, privacy_unit=ENTITY,
+    label="FREQ-CLIP corrected", clipping=("freq",), accounting="corrected",
     stands_in_for=("freq_paper",),  # the bound that holds, for a run accounted by Eq. 3
-    description=(
-        "FREQ-CLIP, corrected accounting: profile Δ=C(1/2+3j/4+i(1+k)/4) in Theorem C.1's mixture"
-    ),
+    description="FREQ-CLIP, corrected accounting: profile Δ=C(1/2+3j/4+i(1+k)/4) in Theorem C.1's "
+                "mixture",
 )
 register_mechanism(
-    "freq_paper",
-    _freq_paper,
-    coupled=True,
-    privacy_unit=ENTITY,
-    label="FREQ-CLIP paper Eq. 3",
-    clipping=("freq",),
-    accounting="paper",
-    warning=PAPER_EQ3_WARNING,
-    description=(
-        "FREQ-CLIP, paper's accounting: Eq. 3 (Δ≡C; Proposition 4.1 does not hold as stated)"
-    ),
+    "freq_paper", _freq_paper, coupled=True, privacy_unit=ENTITY, label="FREQ-CLIP paper Eq. 3",
+    clipping=("freq",), accounting="paper", warning=PAPER_EQ3_WARNING,
+    description="FREQ-CLIP, paper's accounting: Eq. 3 (Δ≡C; Proposition 4.1 does not hold as "
+                "stated)",
 )
 register_mechanism(
-    "standard",
-    _standard,
-    coupled=True,
-    label="standard (Thm C.1)",
-    clipping=("standard",),
-    privacy_unit=ENTITY,
-    description="standard per-tuple clipping: Theorem C.1 (Δ=C(i+2j))",
+    "standard", _standard, coupled=True, privacy_unit=ENTITY, label="standard (Thm C.1)",
+    clipping=("standard",), description="standard per-tuple clipping: Theorem C.1 (Δ=C(i+2j))",
 )
 register_mechanism(
-    "naive",
-    _naive,
-    coupled=False,
-    privacy_unit=ENTITY,
-    label="naive Δ ≡ C, no amplification",
-    warning=PAPER_EQ3_WARNING,
-    stands_in_for=("freq_paper",),
+    "naive", _naive, coupled=False, privacy_unit=ENTITY, label="naive Δ ≡ C, no amplification",
+    warning=PAPER_EQ3_WARNING, stands_in_for=("freq_paper",),
     description="naive Gaussian bound α/(2σ²), no amplification by sampling (paper's Figure 2)",
 )
+
 # What a module's (clipping, accounting) selects: FREQ-CLIP's two readings, and Theorem C.1 for
 # standard clipping.
 for _accounting, _mechanism in (
