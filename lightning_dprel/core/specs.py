@@ -5,10 +5,6 @@ it clips and noises* (:class:`NoiseSpec`). The privacy callback reads both and n
 
 Compatibility rule (after dp_accounting's ``dp_event.py``): fields are never removed and never
 change meaning; new fields arrive optional, with a default that keeps the old meaning.
-
-References:
-    Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
-    Guarantees. Algorithm 3 (coupled sampling), Eq. 3 and Theorem C.1 (accounting).
 """
 
 from __future__ import annotations
@@ -20,13 +16,8 @@ from typing import Any, ClassVar
 from lightning_dprel.core.checks import check_int as _check_int
 from lightning_dprel.core.clipping_modes import chosen_mechanism, clipping_mode
 from lightning_dprel.core.discovery import MethodRegistry
-from lightning_dprel.core.units import (
-    EXAMPLE,
-    PRIVACY_UNITS,
-    PrivacyUnit,
-    privacy_unit,
-    register_privacy_unit,
-)
+from lightning_dprel.core.units import EXAMPLE, PRIVACY_UNITS, PrivacyUnit, privacy_unit
+from lightning_dprel.core.units import register_privacy_unit
 
 __all__ = [
     "SamplingSpec",
