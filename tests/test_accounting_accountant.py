@@ -7,7 +7,6 @@ import pytest
 
 from lightning_dprel.accounting import (
     DEFAULT_ORDERS,
-    MECHANISMS,
     Accountant,
     max_steps_for,
     noise_multiplier_for,
@@ -17,7 +16,9 @@ from lightning_dprel.accounting import (
     rdp_to_epsilon,
 )
 from lightning_dprel.accounting import mechanisms as mech_mod
-from lightning_dprel.core.specs import PRIVACY_UNIT, NoiseSpec, PrivacyUnit
+from lightning_dprel.core.specs import NoiseSpec, PrivacyUnit
+from lightning_dprel.datamodules.edge_tuples.accounting import MECHANISMS
+from lightning_dprel.datamodules.edge_tuples.spec import PRIVACY_UNIT
 from lightning_dprel.demos.specs import make_spec
 
 
@@ -28,7 +29,7 @@ SPEC2 = make_spec(20_000, 50_000, 3, 4e-3, 2)
 def test_public_names():
     assert MECHANISMS == ("freq_corrected", "freq_paper", "standard", "naive")
     assert set(MECHANISMS) <= set(registered_mechanisms())
-    acc = Accountant()
+    acc = Accountant("freq_corrected")
     assert acc.mechanism == "freq_corrected" and acc.privacy_unit == PRIVACY_UNIT
     assert np.array_equal(acc.orders, DEFAULT_ORDERS)
     for noise in (NoiseSpec(1.0, 1.0, "freq", "corrected"), NoiseSpec(1.0, 1.0, "freq", "paper"),

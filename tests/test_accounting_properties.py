@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lightning_dprel.datamodules.edge_tuples.accounting import MECHANISMS
 from lightning_dprel.accounting import (
-    MECHANISMS,
     freq_corrected_profile,
     paper_profile,
     per_step_rdp,

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_dprel.core.clipping import apply_factors, freq_clip, freq_clip_factors, standard_clip
+from lightning_dprel.core.clipping import apply_factors, standard_clip
+from lightning_dprel.methods.relational.clipping import freq_clip, freq_clip_factors
 from lightning_dprel.grad_sample.sums import per_tuple_norms, weighted_sum
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*does not have many workers.*"
 def test_karate_club_default_delta_warns():
     n, m = 34, 37  # a KarateClub-sized graph: δ = 1/m = 0.027 is below 1/n = 0.029, but not by a margin
     with pytest.warns(UserWarning, match=r"δ = 0.027 is not well below 1/n = 0.0294 \(n = 34 entities\)"):
-        assert resolve_delta(None, privacy_unit("entity"), n, num_edges=m, warn=True) == pytest.approx(1 / m)
+        got = resolve_delta(None, privacy_unit("entity"), n, population=m, warn=True)
+        assert got == pytest.approx(1 / m)
 
 
 def test_at_or_above_one_over_n_is_refused_unless_allowed_and_a_tenth_of_it_is_quiet():
@@ -35,12 +36,13 @@ def test_at_or_above_one_over_n_is_refused_unless_allowed_and_a_tenth_of_it_is_q
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert resolve_delta(None, privacy_unit("labelled_node"), 34, warn=True) == pytest.approx(1 / 340)
-        resolve_delta(1e-5, privacy_unit("entity"), 34, num_edges=37, warn=True)
+        resolve_delta(1e-5, privacy_unit("entity"), 34, population=37, warn=True)
 
 
 def test_the_entity_default_is_a_tenth_of_one_over_n_when_one_over_m_is_not_below_it():
-    assert resolve_delta(None, privacy_unit("entity"), 120, num_edges=112, warn=False) == pytest.approx(1 / 1200)
-    assert resolve_delta(None, privacy_unit("entity"), 120, num_edges=400, warn=False) == pytest.approx(1 / 400)
+    entity = privacy_unit("entity")
+    assert resolve_delta(None, entity, 120, population=112, warn=False) == pytest.approx(1 / 1200)
+    assert resolve_delta(None, entity, 120, population=400, warn=False) == pytest.approx(1 / 400)
 
 
 class _MLP(pl.LightningModule):

@@ -187,6 +187,48 @@ def test_no_module_of_the_shared_layers_is_named_after_a_method():
     assert not named, named
 
 
+def _defaults(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, value) of every string a module states as a default: a function's default arguments,
+    a class field's default, a module constant named ``*DEFAULT*``, a ``default=`` keyword (tuples
+    and lists count their strings)."""
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            found += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            fields = [n for n in node.body if isinstance(n, ast.AnnAssign)]
+            found += [n.value for n in fields if n.value is not None]
+        elif isinstance(node, ast.keyword) and node.arg == "default":
+            found.append(node.value)
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [node.value for t in targets if isinstance(t, ast.Name) and "DEFAULT" in t.id]
+    strings = []
+    for expr in found:
+        for n in ast.walk(expr):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                strings.append((n.lineno, n.value))
+    return strings
+
+
+def _named(files: dict[str, Path], names: set[str]) -> list[str]:
+    shared = [(m, f) for m, f in files.items() if _under(m, (f"{LIB}.core", f"{LIB}.accounting"))]
+    return sorted(f"{mod}:{line} {value!r}" for mod, f in shared
+                  for line, value in _defaults(ast.parse(f.read_text())) if value in names)
+
+
+def test_no_default_of_the_core_or_accounting_names_a_method_a_unit_or_a_mechanism():
+    from lightning_dprel.accounting import registered_mechanisms
+    from lightning_dprel.core.discovery import import_methods
+    from lightning_dprel.core.specs import PRIVACY_UNITS
+
+    assert import_methods() == {}
+    names = set(_method_names()) | set(PRIVACY_UNITS) | set(registered_mechanisms())
+    assert {"relational", "entity", "freq_corrected", "poisson_gaussian"} <= names
+    assert not _named(_files(), names), _named(_files(), names)
+
+
 def _library_classes(base: type, prefix: str) -> list[type]:
     """Classes defined in modules under ``prefix`` (demos excluded) that subclass ``base``."""
     found = {}
@@ -355,6 +397,21 @@ def test_reach_follows_imports_through_other_modules():
     graph = {"core.x": {"util"}, "util": {"methods.m.module"}, "methods.m.module": set()}
     assert _reach(graph, "core.x")["methods.m.module"] == ["core.x", "util", "methods.m.module"]
     assert _method_of(f"{METHODS}.advsgm.module") == "advsgm" and _method_of(f"{LIB}.core.ledger") is None
+
+
+def test_the_default_finder_finds_each_kind_of_default(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from dataclasses import dataclass\n"
+        "DEFAULT_MECHANISM = 'freq_corrected'\nOTHER = 'entity'\n"
+        "def f(a, m='standard', *, unit=('entity',)): pass\n"
+        "@dataclass\nclass S:\n    unit: str = 'example'\n"
+        "p.add_argument('--m', default='naive')\n"
+    )
+    got = {value for _, value in _defaults(ast.parse(f.read_text()))}
+    assert got == {"freq_corrected", "standard", "entity", "example", "naive"}  # not OTHER
+    found = _named({f"{LIB}.core.m": f, f"{LIB}.methods.m": f}, {"naive"})
+    assert found == [f"{LIB}.core.m:8 'naive'"]  # only the shared layers are read
 
 
 def test_imports_inside_functions_count(tmp_path):

@@ -10,7 +10,8 @@ from pytorch_lightning import Callback
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from lightning_dprel.core.clipping import freq_clip, standard_clip
+from lightning_dprel.core.clipping import standard_clip
+from lightning_dprel.methods.relational.clipping import freq_clip
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.demos.boring_classes import quiet_trainer
 from lightning_dprel.encoders import MLPEncoder

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_dprel.core.clipping import apply_factors, freq_clip_factors, standard_clip_factors
+from lightning_dprel.core.clipping import apply_factors, standard_clip_factors
+from lightning_dprel.methods.relational.clipping import freq_clip_factors
 from lightning_dprel.grad_sample.sums import weighted_sum
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream

@@ -187,6 +187,7 @@ def test_a_registered_mechanism_is_usable_end_to_end():
 
     if name not in __import__("lightning_dprel.accounting", fromlist=["x"]).registered_mechanisms():
         register_mechanism(name, doubled, clipping=("standard",), label="standard ×2 (test)", coupled=True,
+                           privacy_unit="entity",
                            description="twice Theorem C.1 (a looser bound, for the test)")
     module, dm = _module(sigma=1.5, clipping="standard", accounting=name), _dm()
     cb = PrivacyCallback(target_epsilon=80.0, delta=1e-5)

@@ -24,7 +24,10 @@ from lightning_dprel.methods.dp_gcn.gnn import GNNClassifier
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.methods.relational.module import DPRelationalModule
 from lightning_dprel.methods.dp_gcn.module import DPNodeModule
-from lightning_dprel.core.specs import ENTITY, PRIVACY_UNITS, PrivacyUnit, SamplingSpec, register_privacy_unit
+from lightning_dprel.core.specs import (
+    PRIVACY_UNITS, PrivacyUnit, SamplingSpec, register_privacy_unit,
+)
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY
 from lightning_dprel.methods.dp_gcn.accounting import NODE_IN_SUBGRAPH
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|does not have many workers|paper_faithful).*")

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_dprel.core.clipping import apply_factors, freq_clip_factors, standard_clip_factors
+from lightning_dprel.core.clipping import apply_factors, standard_clip_factors
+from lightning_dprel.methods.relational.clipping import freq_clip_factors
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq
 
 C = 1.0

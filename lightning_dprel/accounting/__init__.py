@@ -2,7 +2,9 @@
 
 Pure mathematics (``analysis/``, ``profiles``, ``conversion``) is apart from bookkeeping (``Accountant``);
 ``mechanisms`` maps names to per-step RDP functions; ``curves`` gives ε over time as data (and a plot).
-Privacy unit: :data:`lightning_dprel.core.specs.PRIVACY_UNIT`.
+Each mechanism states the privacy unit its bound is proven for; the relational method's unit (the
+entity) and mechanisms are the coupled edge-tuple sampling's
+(:mod:`lightning_dprel.datamodules.edge_tuples.accounting`).
 """
 
 from lightning_dprel.accounting.accountant import Accountant
@@ -10,7 +12,6 @@ from lightning_dprel.accounting.calibration import epsilon_for, max_steps_for, n
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
 from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import (
-    MECHANISMS,
     Mechanism,
     get_mechanism,
     per_step_rdp,
@@ -22,7 +23,6 @@ from lightning_dprel.accounting.profiles import freq_corrected_profile, paper_pr
 
 __all__ = [
     "DEFAULT_ORDERS",
-    "MECHANISMS",
     "Accountant",
     "Mechanism",
     "epsilon_curve",

@@ -73,8 +73,8 @@ class Accountant:
     """Entity-level privacy accountant for Algorithm 3: composition of per-step privacy loss, reported as an (ε, δ).
 
     Args:
-        mechanism: a registered mechanism name (default ``"freq_corrected"``, the FREQ-CLIP accounting that
-            holds); ``"freq_paper"`` reproduces the paper's Eq. 3; ``"none"`` is refused.
+        mechanism: a registered mechanism name (e.g. ``"poisson_gaussian"``, or a method's: the
+            relational ``"freq_corrected"``); ``"none"`` is refused.
         orders: Rényi orders (default :data:`DEFAULT_ORDERS`).
         accountant: ``"pld"`` (default): the smaller of the PLD bound (when every event has a proven dominating pair)
             and the RDP bound; ``"rdp"``: the RDP bound only.
@@ -92,7 +92,7 @@ class Accountant:
         acc.get_epsilon(delta=1e-6), acc.epsilon_bounds(delta=1e-6)["bound"]
     """
 
-    def __init__(self, mechanism: str = "freq_corrected", *, orders: object = None, accountant: str = "pld",
+    def __init__(self, mechanism: str, *, orders: object = None, accountant: str = "pld",
                  value_discretization: float | None = None) -> None:
         mech = get_mechanism(mechanism)
         self.mechanism: str = mechanism

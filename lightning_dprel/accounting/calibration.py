@@ -28,7 +28,7 @@ def _check_target(target_epsilon: float) -> float:
 
 def epsilon_for(
     *, delta: float, steps: int, sampling: SamplingSpec, noise_multiplier: float,
-    mechanism: str = "freq_corrected", orders: object = None, accountant: str = "pld",
+    mechanism: str, orders: object = None, accountant: str = "pld",
 ) -> tuple[float, str]:
     """(ε, the bound that gave it: "pld" or "rdp") after ``steps`` identical steps."""
     acc = Accountant(mechanism, orders=orders, accountant=accountant)
@@ -50,7 +50,7 @@ def _spent_accountant(spent: "Accountant | None", mechanism: str, orders: object
 
 def noise_multiplier_for(
     target_epsilon: float, *, delta: float, steps: int, sampling: SamplingSpec | None,
-    mechanism: str = "freq_corrected", tol: float = 0.01, orders: object = None, spent: "Accountant | None" = None,
+    mechanism: str, tol: float = 0.01, orders: object = None, spent: "Accountant | None" = None,
     accountant: str = "pld",
 ) -> float:
     """The smallest σ (to ``tol``) whose ε after ``steps`` steps is ≤ ``target_epsilon``.
@@ -158,7 +158,7 @@ def _search(eps, target: float, tol: float, steps: int, *, start: float, known_h
 
 def max_steps_for(
     target_epsilon: float, *, delta: float, noise_multiplier: float, sampling: SamplingSpec,
-    mechanism: str = "freq_corrected", orders: object = None, max_steps: int = 2**62, accountant: str = "pld",
+    mechanism: str, orders: object = None, max_steps: int = 2**62, accountant: str = "pld",
 ) -> int:
     """The largest T with ε(T steps) ≤ ``target_epsilon`` (0 if even one step exceeds it).
 

@@ -32,6 +32,8 @@ from lightning_dprel.accounting.calibration import noise_multiplier_for
 from lightning_dprel.accounting.curves import epsilon_curve, plot_epsilon_curve
 from lightning_dprel.accounting.mechanisms import get_mechanism
 from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.edge_tuples import accounting as _coupled  # noqa: F401
+from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples
 
 __all__ = ["main", "build_parser", "mechanism_name", "epsilon_curve", "plot_comparison", "warn_delta"]
 
@@ -112,8 +114,9 @@ def _sampling(args: argparse.Namespace) -> SamplingSpec:
     if not (0.0 < g <= 1.0):
         raise ValueError(f"`sampling_rate` (--sampling-rate) must be in (0, 1], got {g}.")
     return SamplingSpec(
-        num_nodes=args.nodes, num_edges=args.edges, max_degree=args.max_degree, sampling_rate=g,
-        neg_per_pos=args.neg_per_pos, expected_batch_size=g * args.edges, steps_per_epoch=math.ceil(1.0 / g),
+        population=args.edges, contribution_bound=args.max_degree, sampling_rate=g,
+        expected_batch_size=g * args.edges, steps_per_epoch=math.ceil(1.0 / g),
+        detail=EdgeTuples(num_nodes=args.nodes, neg_per_pos=args.neg_per_pos),
     )
 
 
@@ -146,8 +149,9 @@ def plot_comparison(
         curves[mech] = eps.tolist()
         plot_epsilon_curve(ts, eps, ax=ax, label=label, delta=delta)
     ax.set_title(
-        f"n={sampling.num_nodes:g}, m={sampling.num_edges:g}, K={sampling.max_degree}, "
-        f"γ={sampling.sampling_rate:g}, k={sampling.neg_per_pos}, σ={noise_multiplier:g}",
+        f"n={sampling.detail.num_nodes:g}, m={sampling.population:g}, "
+        f"K={sampling.contribution_bound}, "
+        f"γ={sampling.sampling_rate:g}, k={sampling.detail.neg_per_pos}, σ={noise_multiplier:g}",
         fontsize=9,
     )
     fig.tight_layout()

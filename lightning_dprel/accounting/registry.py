@@ -20,7 +20,7 @@ import numpy as np
 
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS, as_orders
 from lightning_dprel.core.discovery import MethodRegistry
-from lightning_dprel.core.specs import ENTITY, PrivacyUnit, SamplingSpec
+from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec
 from lightning_dprel.core.specs import privacy_unit as as_unit  # `privacy_unit` is also register_mechanism's argument
 
 __all__ = [
@@ -43,7 +43,8 @@ class Mechanism:
         description: one line naming the bound (and its equation) for reports.
         unit: the :class:`~lightning_dprel.core.specs.PrivacyUnit` the bound is proven for (what neighbouring datasets
             differ by); ``None`` only for a release whose event states its unit (a Gaussian release of a statistic).
-        coupled: True if it needs Algorithm 2's constraint k·γ·m ≤ n.
+        coupled: True if it needs the sampling's draws to be possible (its detail's
+            ``check_draws``: for coupled edge tuples, Algorithm 2's constraint k·γ·m ≤ n).
         label: the short name reports print next to an ε.
         clipping: the module clipping modes (``NoiseSpec.clipping``) whose sensitivity this bound covers;
             empty for mechanisms that only a standalone accountant uses.
@@ -62,7 +63,7 @@ class Mechanism:
     name: str
     rdp: RdpFunction
     description: str
-    unit: PrivacyUnit | None = ENTITY
+    unit: PrivacyUnit | None
     coupled: bool = True
     label: str = ""
     clipping: tuple[str, ...] = ()
@@ -84,7 +85,8 @@ _REGISTRY: MethodRegistry[Mechanism] = MethodRegistry("mechanisms")
 
 
 def register_mechanism(
-    name: str, rdp: RdpFunction, *, description: str, privacy_unit: "PrivacyUnit | str | None" = ENTITY,
+    name: str, rdp: RdpFunction, *, description: str,
+    privacy_unit: "PrivacyUnit | str | None" = ...,
     coupled: bool = False, overwrite: bool = False, label: str | None = None,
     clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
     stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True, pld: "Callable[..., Any] | None" = None,
@@ -103,9 +105,14 @@ def register_mechanism(
         raise ValueError(f"`name` must be a non-empty string other than 'none', got {name!r}.")
     if _REGISTRY.peek(name) is not None and not overwrite:
         raise ValueError(f"Mechanism {name!r} is already registered; pass overwrite=True to replace it.")
-    bad = [c for c in clipping if c not in ("freq", "standard")]
+    bad = [c for c in clipping if not isinstance(c, str) or not c or c == "none"]
     if bad:
-        raise ValueError(f"`clipping` lists the module clipping modes it bounds ('freq', 'standard'), got {bad}.")
+        raise ValueError(
+            f"`clipping` lists the module clipping modes it bounds (e.g. 'standard'), got {bad}."
+        )
+    if privacy_unit is ...:
+        raise ValueError(f"Mechanism {name!r} must name the `privacy_unit` its bound is proven for "
+                         "(None only for a release whose event states its unit).")
     if privacy_unit is None and (clipping or needs_sampling):
         raise ValueError(
             f"Mechanism {name!r}: only a release whose event states its unit (no sampling, no module clipping) may omit "
@@ -222,18 +229,12 @@ def check_noise_multiplier(noise_multiplier: float) -> float:
 
 
 def check_sampling(sampling: SamplingSpec, *, coupled: bool = True) -> SamplingSpec:
-    """Validate a SamplingSpec for accounting (SamplingSpec itself checks n, m, K ≥ 1 and γ ∈ (0, 1])."""
+    """Validate a SamplingSpec for accounting (SamplingSpec itself checks its facts); ``coupled``:
+    its detail's draws must be possible too."""
     if not isinstance(sampling, SamplingSpec):
         raise TypeError(f"`sampling` must be a SamplingSpec, got {type(sampling).__name__}.")
-    if coupled:
-        need = sampling.neg_per_pos * sampling.sampling_rate * sampling.num_edges
-        if need > sampling.num_nodes:
-            raise ValueError(
-                f"`neg_per_pos` * expected batch size = {sampling.neg_per_pos} * "
-                f"{sampling.sampling_rate * sampling.num_edges:g} = {need:g} exceeds `num_nodes` = "
-                f"{sampling.num_nodes}: NEG-SAMPLE-WOR (Algorithm 2) draws negatives without replacement. "
-                "Lower neg_per_pos or the sampling rate."
-            )
+    if coupled and sampling.detail is not None:
+        sampling.detail.check_draws(sampling)
     return sampling
 
 
@@ -285,7 +286,7 @@ def per_step_rdp(
     """Per-step RDP ε(α) of a registered mechanism (a fresh array; see the module docstring).
 
     Args:
-        mechanism: a name of :func:`registered_mechanisms` (e.g. one of :data:`MECHANISMS`).
+        mechanism: a name of :func:`registered_mechanisms` (e.g. ``"poisson_gaussian"``).
         sampling: how the datamodule samples one step.
         noise_multiplier: σ > 0 (noise std σ·C on a sum of sensitivity C).
         orders: Rényi orders > 1 (default :data:`DEFAULT_ORDERS`).

@@ -146,7 +146,8 @@ def sampling_spec_of(trainer: "pl.Trainer", explicit: Optional[SamplingSpec]) ->
 
 def resolve_delta(delta: Optional[float], sampling: SamplingSpec, *, warn: bool, allow_large: bool = False) -> float:
     """δ for a SamplingSpec's unit (:func:`lightning_dprel.core.checks.resolve_delta`)."""
-    return _resolve_delta(delta, sampling.unit, sampling.units, num_edges=sampling.num_edges, warn=warn,
+    return _resolve_delta(delta, sampling.unit, sampling.units, population=sampling.population,
+                          warn=warn,
                           allow_large=allow_large)
 
 

@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from lightning_dprel.accounting import Accountant, get_mechanism
 from lightning_dprel.accounting.accountant import check_accountant
-from lightning_dprel.accounting.mechanisms import PAPER_EQ3_WARNING
+from lightning_dprel.datamodules.edge_tuples.accounting import PAPER_EQ3_WARNING
 from lightning_dprel.core.events import effective_noise_multiplier
 from lightning_dprel.core.budget import PrivacyBudget
 from lightning_dprel.core.ledger import PrivacyLedger

@@ -26,7 +26,7 @@ from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.per_example_data import per_example_batch_hooks
 from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.core.randomness import KeyedStream
-from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
+from lightning_dprel.core.specs import NoiseSpec, SamplingSpec, privacy_unit
 from lightning_dprel.grad_sample.user_step import quiet_logging, step_loss, user_step_grads
 from lightning_dprel.grad_sample.user_taps import tapped_layers, user_step_tapped_grads
 
@@ -40,8 +40,6 @@ _LEDGER_ATTR = "_lightning_dprel_ledger"
 _PUBLIC_ATTR = "_lightning_dprel_public_data"
 #: What only the library's layers state; a plain LightningModule that defines them is refused (they were faked before).
 HAND_MADE_FACTS = ("noise_spec", "privacy_ledger", "set_noise_multiplier", "sampling_spec")
-#: Units whose examples are rows or tuples: message passing across them mixes units.
-_ROW_UNITS = ("example", "entity")
 #: Why a user's step can fail when run on one example alone inside ``torch.func`` (the per-example gradients).
 STEP_FAILED = (
     "{name}.training_step failed when run {how}: {err}. Steps that cannot be made private this way: one that calls "
@@ -86,7 +84,8 @@ def refuse_mixing_layers(module: nn.Module, unit: str) -> None:
                 f"`{name}` ({type(m).__name__}) updates its running statistics from the private batches without "
                 "noise. Pass track_running_stats=False, or freeze it in eval mode."
             )
-        if unit in _ROW_UNITS and type(m).__module__.startswith("torch_geometric.nn") and _is_message_passing(m):
+        pyg = type(m).__module__.startswith("torch_geometric.nn")
+        if privacy_unit(unit).rows and pyg and _is_message_passing(m):
             raise ValueError(
                 f"`{name}` ({type(m).__name__}) passes messages along the graph, so under the {unit!r} unit one "
                 "example's loss reads other units' data. Train GNNs node-level on the DP-GCN route: "

@@ -108,14 +108,16 @@ def check_bool(name: str, value: Any) -> bool:
 DELTA_TIMES_UNITS_WARN = 0.5
 
 
-def resolve_delta(delta: float | None, unit: Any, units: int, *, num_edges: int | None = None, warn: bool,
-                  who: str = "PrivacyCallback: ", allow_large: bool = False) -> float:
-    """δ, by default for entities the paper's 1/m (capped relations) when it is below 1/n, else 1/(10·n); refuses
+def resolve_delta(delta: float | None, unit: Any, units: int, *, population: int | None = None,
+                  warn: bool, who: str = "PrivacyCallback: ", allow_large: bool = False) -> float:
+    """δ, by default 1/(10·n), or 1/population where the unit asks for it (``delta_per_row``: the
+    relational paper's 1/m over capped relations) and that is below 1/n; refuses
     n·δ ≥ 1 unless ``allow_large`` (one of the n units could be released outright with probability about n·δ) and
     warns unless δ is well below 1/n."""
     n = int(units)  # ``unit``: a PrivacyUnit (its name and what it counts); core.specs imports this module
     if delta is None:
-        delta = 1.0 / num_edges if unit.name == "entity" and num_edges and num_edges > n else 1.0 / (10 * n)
+        per_row = unit.delta_per_row and population and population > n
+        delta = 1.0 / population if per_row else 1.0 / (10 * n)
     delta = check_delta(delta)
     how = "not below" if delta * n >= 1.0 else "not well below"
     said = (f"{who}δ = {delta:.3g} is {how} 1/n = {1.0 / n:.3g} (n = {n} {unit.counted_as}). The privacy unit is "

@@ -60,7 +60,7 @@ def ledger_delta(ledger: PrivacyLedger, delta: float | None) -> float | None:
     from lightning_dprel.core.checks import resolve_delta
 
     last = samplings[-1]
-    return resolve_delta(None, last.unit, last.units, num_edges=last.num_edges, warn=False)
+    return resolve_delta(None, last.unit, last.units, population=last.population, warn=False)
 
 
 def ledger_epsilon(ledger: PrivacyLedger, delta: float | None) -> float:

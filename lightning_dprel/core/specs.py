@@ -1,151 +1,191 @@
 """The facts the accountant needs, as frozen records (one fact, one place).
 
-A datamodule tells the accountant *how it samples* (:class:`SamplingSpec`); a module tells it *how it
-clips and noises* (:class:`NoiseSpec`). The privacy callback reads both and never guesses either.
+A datamodule tells the accountant *how it samples* (:class:`SamplingSpec`); a module tells it *how
+it clips and noises* (:class:`NoiseSpec`). The privacy callback reads both and never guesses either.
 
-Compatibility rule (after dp_accounting's ``dp_event.py``): fields are never removed and never change
-meaning; new fields arrive optional, with a default that keeps the old meaning.
-
-References:
-    Huang, Yin, Chien, Wei, Li. Differentially Private Relational Learning with Entity-level Privacy
-    Guarantees. Algorithm 3 (coupled sampling), Eq. 3 and Theorem C.1 (accounting).
+Compatibility rule (after dp_accounting's ``dp_event.py``): fields are never removed and never
+change meaning; new fields arrive optional, with a default that keeps the old meaning.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from typing import Any, ClassVar
 
 from lightning_dprel.core.checks import check_int as _check_int
+from lightning_dprel.core.clipping_modes import chosen_mechanism, clipping_mode
 from lightning_dprel.core.discovery import MethodRegistry
+from lightning_dprel.core.units import EXAMPLE, PRIVACY_UNITS, PrivacyUnit, privacy_unit
+from lightning_dprel.core.units import register_privacy_unit
 
 __all__ = [
-    "SamplingSpec", "NoiseSpec", "CLIPPING_MODES", "ACCOUNTING_MODES", "PRIVACY_UNIT", "PrivacyUnit", "PRIVACY_UNITS",
-    "ENTITY", "EXAMPLE", "privacy_unit", "register_privacy_unit",
+    "SamplingSpec",
+    "SamplingDetail",
+    "register_sampling_detail",
+    "NoiseSpec",
+    "PrivacyUnit",
+    "PRIVACY_UNITS",
+    "EXAMPLE",
+    "privacy_unit",
+    "register_privacy_unit",
 ]
 
-#: The privacy unit of the relational method (the entity): what neighbouring graphs differ by.
-PRIVACY_UNIT = (
-    "one entity: a node together with all of its relations (edges); neighbouring graphs differ by "
-    "adding or removing one node and its at most K capped edges (node-level DP, add/remove)"
-)
 
+class SamplingDetail:
+    """What a sampling adds to :class:`SamplingSpec` beyond the facts every accountant reads; owned
+    by its family.
 
-@dataclass(frozen=True)
-class PrivacyUnit:
-    """What one privacy unit is and how neighbouring datasets differ (declared by data, proven by mechanisms).
-
-    ``str(unit)`` is its description, so reports print it as before.
-
-    >>> from lightning_dprel.accounting import get_mechanism
-    >>> get_mechanism("standard").unit.name, get_mechanism("subgraph_replace").unit.name
-    ('entity', 'node_in_subgraph')
+    A frozen dataclass subclass, registered with :func:`register_sampling_detail`. Its fields are
+    saved in the record's flat form (:meth:`SamplingSpec.to_dict`) under their own names, after the
+    generic facts they stand next to.
     """
 
-    name: str
-    description: str
-    counted_as: str = "units"
+    #: The unit a record with this detail is for when it names none (None: the record must name
+    #: one).
+    default_unit: ClassVar[str | None] = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or not isinstance(self.description, str):
-            raise ValueError(f"A PrivacyUnit needs a non-empty name and a description, got {self.name!r}.")
+    def check(self, spec: "SamplingSpec") -> None:
+        """Raise ``ValueError`` where the detail contradicts the generic facts (run when the record
+        is built)."""
 
-    def __str__(self) -> str:
-        return self.description
+    def check_draws(self, spec: "SamplingSpec") -> None:
+        """Raise ``ValueError`` where one step's draws are impossible (run before a coupled
+        mechanism accounts it)."""
 
+    def units(self, spec: "SamplingSpec") -> int | None:
+        """How many privacy units the data holds when the record states none (None: one per row)."""
+        return None
 
-ENTITY = PrivacyUnit("entity", PRIVACY_UNIT, "entities")
-EXAMPLE = PrivacyUnit(
-    "example", "one training example (add/remove), not an entity: use only for per-example pipelines", "examples"
-)
-#: The units known by name: the core's two here; each method package registers its own on import (a lookup of a
-#: name not registered yet imports the method packages first, see :mod:`lightning_dprel.core.discovery`).
-PRIVACY_UNITS: MethodRegistry[PrivacyUnit] = MethodRegistry("privacy units")
-
-
-def register_privacy_unit(unit: PrivacyUnit) -> PrivacyUnit:
-    """Make a user's :class:`PrivacyUnit` known by name (a SamplingSpec names its unit); a taken name is refused."""
-    if not isinstance(unit, PrivacyUnit):
-        raise TypeError(f"`unit` must be a PrivacyUnit, got {type(unit).__name__}.")
-    known = PRIVACY_UNITS.peek(unit.name)
-    if known is not None and known != unit:
-        raise ValueError(f"A different privacy unit is already named {unit.name!r}: {known.description!r}.")
-    PRIVACY_UNITS[unit.name] = unit
-    return unit
+    def bound(self, spec: "SamplingSpec") -> int:
+        """The per-unit bound an accountant may charge: ``contribution_bound``, or a tighter one the
+        detail proves."""
+        return spec.contribution_bound
 
 
-def privacy_unit(unit: "str | PrivacyUnit") -> PrivacyUnit:
-    """The :class:`PrivacyUnit` named ``unit`` (or ``unit`` itself, registered by name), else a clear ``ValueError``."""
-    if isinstance(unit, PrivacyUnit):
-        return register_privacy_unit(unit)
-    if not isinstance(unit, str) or unit not in PRIVACY_UNITS:
-        raise ValueError(
-            f"Unknown privacy unit {unit!r}; known: {sorted(PRIVACY_UNITS)}{PRIVACY_UNITS.failures()} (register yours "
-            "with register_privacy_unit, from the package of the method that declares it)."
-        )
-    return PRIVACY_UNITS[unit]
+#: Detail classes by name: a saved record's extra keys are read back by the one whose fields they
+#: are.
+SAMPLING_DETAILS: MethodRegistry[type] = MethodRegistry("sampling details")
 
 
-register_privacy_unit(ENTITY)
-register_privacy_unit(EXAMPLE)
+def register_sampling_detail(cls: type) -> type:
+    """Make a :class:`SamplingDetail` dataclass known, so saved records holding its fields load
+    (class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, SamplingDetail) and is_dataclass(cls)):
+        raise TypeError(f"A sampling detail must be a SamplingDetail dataclass, got {cls!r}.")
+    SAMPLING_DETAILS[cls.__name__] = cls
+    return cls
 
 
-CLIPPING_MODES = ("freq", "standard", "none")
-ACCOUNTING_MODES = ("corrected", "paper")
+#: The flat form's keys, in order (the saved layout, never changed: privacy.json, reports and
+#: checkpoints use it); ``population`` and ``contribution_bound`` are saved under their first names.
+#: A record without a detail saves one row per unit-slot and no extra draws, as it always has.
+_SAVED = {
+    "num_nodes": None,
+    "num_edges": "population",
+    "max_degree": "contribution_bound",
+    "sampling_rate": "sampling_rate",
+    "neg_per_pos": None,
+    "expected_batch_size": "expected_batch_size",
+    "steps_per_epoch": "steps_per_epoch",
+    "privacy_unit": "privacy_unit",
+    "num_units": "num_units",
+}
+_ROWS_ONLY = {"num_nodes": "population", "neg_per_pos": 0}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, eq=False)
 class SamplingSpec:
-    """How a relational datamodule samples one step (Algorithm 3, lines 1-3).
+    """How a datamodule samples one step: the facts every accountant needs, and its family's
+    :class:`SamplingDetail`.
 
-    Each step draws positives E⁺ by Poisson sampling of the ``num_edges`` capped edges Ē at rate
-    ``sampling_rate`` γ = b / |Ē|, then ``neg_per_pos`` · |E⁺| negative nodes *without replacement*,
-    uniformly from all ``num_nodes`` nodes, independent of which positives were drawn (Algorithm 2,
-    NEG-SAMPLE-WOR). After degree capping every node has at most ``max_degree`` capped edges.
+    Each step keeps each of the ``population`` rows with probability ``sampling_rate`` γ (Poisson);
+    the private step divides by ``expected_batch_size`` b = γ·population, never by the drawn count.
+    One unit is in at most ``contribution_bound`` rows. ``SamplingSpec(**spec.to_dict())`` rebuilds
+    a record from its saved flat form.
 
     Args:
-        num_nodes: n = |V|.
-        num_edges: m = |Ē|, undirected edges after degree capping.
-        max_degree: K, the cap on every node's degree in Ē.
-        sampling_rate: γ in (0, 1], the Poisson rate of positives.
-        neg_per_pos: k ≥ 0, negatives per positive tuple.
-        expected_batch_size: b = γ·m; the private step divides by b, never by |E⁺|.
-        steps_per_epoch: ceil(1/γ).
-        privacy_unit: the name of the :class:`PrivacyUnit` this sampling is for (the neighbouring relation the
-            datamodule samples for); mechanisms proven for another unit are refused.
-        num_units: how many privacy units the private data holds (δ defaults and warnings count them); None: n.
+        population: the rows the rate draws from (examples, or capped relations of an edge-tuple
+            sampling).
+        sampling_rate: γ in (0, 1]. expected_batch_size: b = γ·population. steps_per_epoch:
+            ceil(1/γ) or as stated.
+        contribution_bound: the most rows one unit can be in (K; 1 for one example per unit).
+        privacy_unit: the name of the :class:`PrivacyUnit` this sampling is for (the neighbouring
+            relation the datamodule samples for); mechanisms proven for another unit are refused.
+            None: the detail's default.
+        num_units: how many privacy units the private data holds (δ defaults and warnings count
+            them); None: the detail's count, else one per row.
+        detail: the sampling family's own facts (e.g. the negatives of an edge-tuple sampling), or
+            None.
     """
 
-    num_nodes: int
-    num_edges: int
-    max_degree: int
+    population: int
     sampling_rate: float
-    neg_per_pos: int
     expected_batch_size: float
     steps_per_epoch: int
-    privacy_unit: str = "entity"
-    num_units: int | None = None
+    contribution_bound: int
+    privacy_unit: str
+    num_units: int | None
+    detail: SamplingDetail | None
 
-    def __post_init__(self) -> None:
-        _check_int("num_nodes", self.num_nodes, 1)
-        _check_int("num_edges", self.num_edges, 1)
-        _check_int("max_degree", self.max_degree, 1)
-        _check_int("neg_per_pos", self.neg_per_pos, 0)
+    def __init__(
+        self,
+        *,
+        population: int | None = None,
+        sampling_rate: float,
+        expected_batch_size: float,
+        steps_per_epoch: int,
+        contribution_bound: int | None = None,
+        privacy_unit: "str | PrivacyUnit | None" = None,
+        num_units: int | None = None,
+        detail: SamplingDetail | None = None,
+        **saved: Any,
+    ) -> None:
+        if saved:  # the saved flat form: its extra keys are a registered detail's fields
+            population, contribution_bound, detail = _from_saved(
+                saved, population, contribution_bound, detail
+            )
+        facts = dict(
+            population=population,
+            sampling_rate=sampling_rate,
+            expected_batch_size=expected_batch_size,
+            steps_per_epoch=steps_per_epoch,
+            contribution_bound=1 if contribution_bound is None else contribution_bound,
+            num_units=num_units,
+            detail=detail,
+        )
+        for key, value in facts.items():
+            object.__setattr__(self, key, value)
+        if detail is not None and not isinstance(detail, SamplingDetail):
+            raise TypeError(f"`detail` must be a SamplingDetail, got {type(detail).__name__}.")
+        if privacy_unit is None:
+            privacy_unit = None if detail is None else detail.default_unit
+            if privacy_unit is None:
+                raise ValueError(
+                    "A SamplingSpec must name its `privacy_unit` (the unit its data is sampled "
+                    "for)."
+                )
+        object.__setattr__(self, "privacy_unit", _unit_name(privacy_unit))
+        self._check()
+
+    def _check(self) -> None:
+        _check_int(_name("population", self.detail), self.population, 1)
+        _check_int(_name("contribution_bound", self.detail), self.contribution_bound, 1)
+        if self.detail is not None:
+            self.detail.check(self)
         _check_int("steps_per_epoch", self.steps_per_epoch, 1)
         if not (0.0 < float(self.sampling_rate) <= 1.0):
             raise ValueError(f"`sampling_rate` must be in (0, 1], got {self.sampling_rate}.")
-        if not (float(self.expected_batch_size) > 0.0) or math.isinf(self.expected_batch_size):
-            raise ValueError(f"`expected_batch_size` must be > 0 and finite, got {self.expected_batch_size}.")
-        if not math.isclose(float(self.expected_batch_size), float(self.sampling_rate) * self.num_edges, rel_tol=1e-9):
+        b, want = self.expected_batch_size, float(self.sampling_rate) * self.population
+        if not (float(b) > 0.0) or math.isinf(b):
+            raise ValueError(f"`expected_batch_size` must be > 0 and finite, got {b}.")
+        if not math.isclose(float(b), want, rel_tol=1e-9):
             raise ValueError(
-                f"`expected_batch_size` b = {self.expected_batch_size} must equal γ·m = {self.sampling_rate} · "
-                f"{self.num_edges} = {float(self.sampling_rate) * self.num_edges}: the step divides by b and the "
-                "accountant charges γ, so the two must describe the same sampling."
+                f"`expected_batch_size` b = {b} must equal γ·m = {self.sampling_rate} · "
+                f"{self.population} = {want}: "
+                "the step divides by b and the accountant charges γ, so the two must describe the "
+                "same sampling."
             )
-        if isinstance(self.privacy_unit, PrivacyUnit):  # a unit object is stored by its name (specs stay plain data)
-            object.__setattr__(self, "privacy_unit", privacy_unit(self.privacy_unit).name)
-        privacy_unit(self.privacy_unit)
         if self.num_units is not None:
             _check_int("num_units", self.num_units, 1)
 
@@ -156,75 +196,144 @@ class SamplingSpec:
 
     @property
     def units(self) -> int:
-        """The number of privacy units (``num_units``, else n): what δ is compared with."""
-        return self.num_units if self.num_units is not None else self.num_nodes
+        """The number of privacy units (``num_units``, else the detail's count, else one per row):
+        what δ is compared with."""
+        if self.num_units is not None:
+            return self.num_units
+        counted = None if self.detail is None else self.detail.units(self)
+        return self.population if counted is None else counted
+
+    @property
+    def accounted_bound(self) -> int:
+        """The per-unit bound the accountant charges (``contribution_bound``, or the detail's
+        tighter proven one)."""
+        return self.contribution_bound if self.detail is None else self.detail.bound(self)
+
+    # The saved form's names, read-only (records and user code written against them keep working).
+    num_edges = property(lambda self: self.population)
+    max_degree = property(lambda self: self.contribution_bound)
+    num_nodes = property(lambda self: self.to_dict()["num_nodes"])
+    neg_per_pos = property(lambda self: self.to_dict()["neg_per_pos"])
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The flat, saved form (the same keys and values as every saved record): generic facts and
+        the detail's."""
+        flat = {key: (getattr(self, field) if field else None) for key, field in _SAVED.items()}
+        flat.update(
+            {key: getattr(self, v) if isinstance(v, str) else v for key, v in _ROWS_ONLY.items()}
+        )
+        if self.detail is not None:
+            flat.update(asdict(self.detail))
+        return flat
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SamplingSpec) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.to_dict().items()))
+
+
+def _unit_name(unit: "str | PrivacyUnit") -> str:
+    """A unit object is stored by its name (specs stay plain data); the name must be known."""
+    return privacy_unit(unit).name
+
+
+def _name(field: str, detail: SamplingDetail | None) -> str:
+    """A generic fact's name in messages: its saved name where the record came from the saved form's
+    family."""
+    return {v: k for k, v in _SAVED.items() if v}[field] if detail is not None else field
+
+
+def _from_saved(
+    saved: dict[str, Any], population: Any, bound: Any, detail: Any
+) -> tuple[Any, Any, Any]:
+    """(population, contribution_bound, detail) of a record given in the saved flat form."""
+    population = saved.pop("num_edges", population)
+    bound = saved.pop("max_degree", bound)
+    if detail is not None and set(saved) <= {f.name for f in fields(detail)}:
+        return (
+            population,
+            bound,
+            replace(detail, **saved),
+        )  # dataclasses.replace(spec, <a detail field>=...)
+    if detail is not None or not saved:
+        if saved:
+            raise TypeError(
+                f"SamplingSpec got both a detail and fields it does not hold: {sorted(saved)}."
+            )
+        return population, bound, detail
+    for _ in range(2):  # the details registered now, then after discovering the method packages
+        names = list(SAMPLING_DETAILS._items) if _ == 0 else list(SAMPLING_DETAILS)
+        for name in names:
+            cls = SAMPLING_DETAILS[name]
+            if set(saved) <= {f.name for f in fields(cls)}:
+                return population, bound, cls(**saved)
+    raise TypeError(
+        f"SamplingSpec got unexpected fields {sorted(saved)}: no registered sampling detail holds "
+        "them."
+    )
 
 
 @dataclass(frozen=True)
 class NoiseSpec:
     """How a private module clips and noises one step (Algorithm 3, lines 4-5).
 
-    The clipped per-tuple gradients are summed, N(0, σ²C²I) is added once per step (globally, not
+    The clipped per-row gradients are summed, N(0, σ²C²I) is added once per step (globally, not
     per rank), and the result is divided by the expected batch size b.
 
     Args:
         noise_multiplier: σ ≥ 0; the noise std on the clipped sum is σ·C.
         clip_norm: C > 0.
-        clipping: ``"freq"`` (Algorithm 1, FREQ-CLIP: tuple i clipped to C / (2·max-freq_i)),
-            ``"standard"`` (every tuple clipped to C), or ``"none"`` (non-private baseline, σ must be 0).
-        accounting: which bound accounts the run; stored as that mechanism's registry name (what :meth:`to_dict`, model
-            checkpoints and ``model.json`` say). None (default): the clipping's own bound, ``"freq_corrected"`` for
-            FREQ-CLIP (sensitivity profile Δ_freq(i, j) = C(1/2 + 3j/4 + i(1+k)/4), which holds) and ``"standard"``
-            (Theorem C.1) for standard clipping; ``"none"`` whenever ``clipping="none"`` (nothing is accounted).
-            ``"corrected"`` / ``"paper"``: FREQ-CLIP's two readings (``"paper"``: Eq. 3 as published, Δ ≡ C; rests on
-            Proposition 4.1, which does not hold as stated); for standard clipping both name ``"standard"``. Any
-            clipping: the name of a mechanism registered with ``register_mechanism(..., clipping=(clipping,))``.
+        clipping: a registered clipping mode (:mod:`lightning_dprel.core.clipping_modes`): the
+            core's ``"standard"`` (every row clipped to C) and ``"none"`` (non-private baseline, σ
+            must be 0), or a method's (the relational method's ``"freq"``, FREQ-CLIP).
+        accounting: which bound accounts the run; stored as that mechanism's registry name (what
+            :meth:`to_dict`, model checkpoints and ``model.json`` say). None (default): the
+            clipping's own bound, as its method registered it
+            (:func:`~lightning_dprel.core.clipping_modes.register_mechanism_choice`; the relational
+            method: FREQ-CLIP's corrected profile, Theorem C.1 for standard clipping); ``"none"``
+            whenever the clipping is not private. A method's reading of a clipping (the relational
+            ``"corrected"`` / ``"paper"``), or the name of a mechanism registered with
+            ``register_mechanism(..., clipping=(clipping,))``.
     """
 
     noise_multiplier: float
     clip_norm: float
-    clipping: str = "freq"
+    clipping: str
     accounting: str | None = None
 
     def __post_init__(self) -> None:
-        if self.clipping not in CLIPPING_MODES:
-            raise ValueError(f"`clipping` must be one of {CLIPPING_MODES}, got {self.clipping!r}.")
-        if self.accounting is not None and (not isinstance(self.accounting, str) or not self.accounting):
+        mode = clipping_mode(self.clipping)
+        if self.accounting is not None and (
+            not isinstance(self.accounting, str) or not self.accounting
+        ):
             raise ValueError(
-                f"`accounting` must be None, one of {ACCOUNTING_MODES} or a registered mechanism name, got {self.accounting!r}."
+                "`accounting` must be None, a clipping's reading or a registered mechanism name, "
+                f"got {self.accounting!r}."
             )
         if not (float(self.noise_multiplier) >= 0.0) or math.isinf(self.noise_multiplier):
-            raise ValueError(f"`noise_multiplier` must be >= 0 and finite, got {self.noise_multiplier}.")
+            raise ValueError(
+                f"`noise_multiplier` must be >= 0 and finite, got {self.noise_multiplier}."
+            )
         if not (float(self.clip_norm) > 0.0) or math.isinf(self.clip_norm):
             raise ValueError(f"`clip_norm` must be > 0 and finite, got {self.clip_norm}.")
-        if self.clipping == "none" and self.noise_multiplier != 0.0:
+        if not mode.private and self.noise_multiplier != 0.0:
             raise ValueError(
-                "`clipping='none'` is the non-private baseline and needs `noise_multiplier=0`, "
+                f"`clipping={self.clipping!r}` is the non-private baseline and needs "
+                "`noise_multiplier=0`, "
                 f"got {self.noise_multiplier}."
             )
-        object.__setattr__(self, "accounting", _mechanism_name(self.clipping, self.accounting))
+        object.__setattr__(self, "accounting", chosen_mechanism(self.clipping, self.accounting))
 
     @property
     def is_private(self) -> bool:
-        return self.clipping != "none" and self.noise_multiplier > 0.0
+        return clipping_mode(self.clipping).private and self.noise_multiplier > 0.0
 
     @property
     def mechanism(self) -> str:
-        """The accountant mechanism name: ``freq_corrected``, ``freq_paper``, ``standard``, ``none``, or the
-        registered mechanism named by ``accounting`` (checked against the registry by the ledger)."""
+        """The accountant mechanism name (``none`` when not private), checked against the registry
+        by the ledger."""
         return self.accounting
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _mechanism_name(clipping: str, accounting: str | None) -> str:
-    """The registry name a (clipping, accounting) pair selects (see :class:`NoiseSpec`)."""
-    if clipping == "none":
-        return "none"
-    if accounting is not None and accounting not in ACCOUNTING_MODES:
-        return accounting  # a registered mechanism, by name
-    return f"freq_{accounting or 'corrected'}" if clipping == "freq" else "standard"

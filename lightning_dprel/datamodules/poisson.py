@@ -118,6 +118,6 @@ class DPDataLoader(DataLoader):
     def sampling_spec(self) -> SamplingSpec:
         """What the accountant charges: Poisson rate q = b/N over N examples, one per unit (K = 1, no negatives)."""
         n, s = self.batches.num_examples, self.batches
-        return SamplingSpec(num_nodes=n, num_edges=n, max_degree=1, sampling_rate=s.sampling_rate, neg_per_pos=0,
-                            expected_batch_size=s.expected_batch_size, steps_per_epoch=len(s), privacy_unit=EXAMPLE,
-                            num_units=n)
+        return SamplingSpec(population=n, sampling_rate=s.sampling_rate,
+                            expected_batch_size=s.expected_batch_size, steps_per_epoch=len(s),
+                            privacy_unit=EXAMPLE, num_units=n)

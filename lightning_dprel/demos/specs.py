@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples
 
 __all__ = ["make_spec"]
 
@@ -14,6 +15,7 @@ def make_spec(n=2000, m=5000, K=3, gamma=0.01, k=2, *, steps_per_epoch=8, unit="
     accountant does not read it.
     """
     return SamplingSpec(
-        num_nodes=n, num_edges=m, max_degree=K, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=gamma * m, steps_per_epoch=steps_per_epoch, privacy_unit=unit, num_units=num_units,
+        population=m, contribution_bound=K, sampling_rate=gamma, expected_batch_size=gamma * m,
+        steps_per_epoch=steps_per_epoch, privacy_unit=unit, num_units=num_units,
+        detail=EdgeTuples(num_nodes=n, neg_per_pos=k),
     )

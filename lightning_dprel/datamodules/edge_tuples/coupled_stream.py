@@ -25,7 +25,8 @@ from lightning_dprel.datamodules.edge_tuples.rows import gather_rows, one_thread
 from lightning_dprel.datamodules.edge_tuples.batch import TupleBatch
 from lightning_dprel.core.randomness import KeyedStream
 from lightning_dprel.datamodules.edge_tuples.sampling import max_freq, neg_sample_wor, poisson_positives
-from lightning_dprel.core.specs import ENTITY, SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY, EdgeTuples, edge_tuples
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = [
     "SAMPLING_TAG", "STATE_VERSION", "sampling_randomness", "make_spec", "CoupledStream", "check_stream_state",
@@ -75,8 +76,9 @@ def make_spec(
             )
     steps = steps_per_epoch if steps_per_epoch is not None else math.ceil(1.0 / gamma)
     return SamplingSpec(
-        num_nodes=n, num_edges=m, max_degree=max_degree, sampling_rate=gamma, neg_per_pos=k,
-        expected_batch_size=b, steps_per_epoch=steps, privacy_unit=privacy_unit,
+        population=m, contribution_bound=max_degree, sampling_rate=gamma, expected_batch_size=b,
+        steps_per_epoch=steps, privacy_unit=privacy_unit,
+        detail=EdgeTuples(num_nodes=n, neg_per_pos=k),
     )
 
 
@@ -102,16 +104,19 @@ class CoupledStream:
         Positives and negatives come from two children of the key, so the negatives depend on the positives
         only through their count (Algorithm 2 never sees them); every rank draws the same global batch.
         """
-        spec = self.spec
-        idx = poisson_positives(spec.num_edges, spec.sampling_rate, generator=self.randomness.child(step, "positives"))
-        if idx.numel() * spec.neg_per_pos > spec.num_nodes:
+        spec, tuples = self.spec, edge_tuples(self.spec)
+        positives = self.randomness.child(step, "positives")
+        idx = poisson_positives(spec.population, spec.sampling_rate, generator=positives)
+        if idx.numel() * tuples.neg_per_pos > tuples.num_nodes:
             raise RuntimeError(
-                f"this step drew |E+|={idx.numel()} positives and |E+|*k={idx.numel() * spec.neg_per_pos} exceeds "
-                f"n={spec.num_nodes}: NEG-SAMPLE-WOR is impossible and the batch is never truncated; lower "
+                f"this step drew |E+|={idx.numel()} positives and "
+                f"|E+|*k={idx.numel() * tuples.neg_per_pos} exceeds n={tuples.num_nodes}: "
+                "NEG-SAMPLE-WOR is impossible and the batch is never truncated; lower "
                 "expected_batch_size or neg_per_pos (or max_overflow_probability)."
             )
         negatives = self.randomness.child(step, "negatives")
-        neg, anchor = neg_sample_wor(idx.numel(), spec.neg_per_pos, spec.num_nodes, generator=negatives)
+        k, n = tuples.neg_per_pos, tuples.num_nodes
+        neg, anchor = neg_sample_wor(idx.numel(), k, n, generator=negatives)
         return self.edges.index_select(1, idx).t().contiguous(), neg, anchor
 
     def make_batch(
@@ -172,7 +177,7 @@ class CoupledStream:
         return {
             "epoch": self.epoch,
             "index": self.index,
-            "spec": [self.spec.num_edges, self.spec.steps_per_epoch],
+            "spec": [self.spec.population, self.spec.steps_per_epoch],
             "stream": self.randomness.state_dict(),
         }
 
@@ -184,7 +189,7 @@ class CoupledStream:
     def _apply_pending(self) -> None:
         if self._pending is None:
             return
-        saved, now = self._pending.get("spec"), (self.spec.num_edges, self.spec.steps_per_epoch)
+        saved, now = self._pending.get("spec"), (self.spec.population, self.spec.steps_per_epoch)
         if saved is not None and tuple(saved) != now:
             raise ValueError(
                 f"the checkpoint's sampling stream had (m, steps_per_epoch) = {tuple(saved)}, this datamodule has "

@@ -41,7 +41,8 @@ from lightning_dprel.encoders import resolve_tokenizer
 from lightning_dprel.core.checks import check_choice, check_probability, positive_finite
 from lightning_dprel.core.randomness import distributed
 from lightning_dprel.datamodules.edge_tuples.sampling import CAPPING_POLICIES
-from lightning_dprel.core.specs import ENTITY, SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY
+from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = ["RelationalDataModule", "derive_seed", "held_out_mask", "slice_rows"]
 

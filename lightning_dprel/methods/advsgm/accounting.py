@@ -9,7 +9,8 @@ Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level), :data:`EDGE` (provab
   N(0, σ²C²) on every row. Unit :data:`NODE_PUBLIC_IDS`: removing a node removes only its
   i ≤ K positive tuples (its negative slots see the same — released — rows in both worlds), so the sensitivity profile
   is Δ(i, j) = C·i (Theorem C.1's mixture with j ≡ 0): Σ_i Bin(K', γ)(i)·N(i, σ²) against N(0, σ²), both directions,
-  K' = min(K, n) (:func:`~lightning_dprel.accounting.mechanisms.coupled.accounted_degree`). At K = 1 it is the
+  K' = min(K, n) (:func:`~lightning_dprel.datamodules.edge_tuples.accounting.accounted_degree`).
+  At K = 1 it is the
   per-example Poisson Gaussian; it never exceeds ``standard`` (Δ = C(i + 2j)), which is the bound to use when the node
   ids are private.
 * ``skipgram_edge`` — the provable mode at the edge level: Poisson positives at γ = b/m over the *uncapped* training
@@ -39,9 +40,13 @@ import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import rdp_to_epsilon
-from lightning_dprel.accounting.mechanisms.coupled import (
-    per_example_poisson_gaussian, per_example_poisson_gaussian_pld, public_items_pld, public_items_profile, public_items_rdp,
+from lightning_dprel.accounting.mechanisms.per_example import (
+    per_example_poisson_gaussian, per_example_poisson_gaussian_pld,
 )
+from lightning_dprel.datamodules.edge_tuples.accounting import (
+    public_items_pld, public_items_profile, public_items_rdp,
+)
+from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples, edge_tuples
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
 from lightning_dprel.core.checks import check_choice
@@ -92,7 +97,8 @@ _skipgram_public_ids = public_items_rdp
 def _rates(sampling: SamplingSpec) -> tuple[float, float]:
     """(B/|E|, min(1, B·k/|V|)) of the paper's two updates per iteration."""
     batch = float(sampling.expected_batch_size)
-    return float(sampling.sampling_rate), min(1.0, batch * sampling.neg_per_pos / sampling.num_nodes)
+    tuples = edge_tuples(sampling)
+    return float(sampling.sampling_rate), min(1.0, batch * tuples.neg_per_pos / tuples.num_nodes)
 
 
 def _advsgm_paper(sampling: SamplingSpec, sigma: float, orders: np.ndarray) -> np.ndarray:
@@ -106,9 +112,11 @@ def advsgm_paper_sampling(
     """The SamplingSpec of the paper's Theorem 7 (see the module docstring for the mapping); ``privacy_unit``: the
     datamodule's declared unit (the paper's claim, ``node_replace``, for the standalone Theorem 7 helpers)."""
     return SamplingSpec(
-        num_nodes=int(num_nodes), num_edges=int(num_edges), max_degree=max(1, int(num_nodes) - 1),
-        sampling_rate=batch_size / num_edges, neg_per_pos=int(k), expected_batch_size=batch_size / num_edges * num_edges,
-        steps_per_epoch=math.ceil(num_edges / batch_size), privacy_unit=privacy_unit,
+        population=int(num_edges), contribution_bound=max(1, int(num_nodes) - 1),
+        sampling_rate=batch_size / num_edges,
+        expected_batch_size=batch_size / num_edges * num_edges,
+        steps_per_epoch=math.ceil(num_edges / batch_size),
+        privacy_unit=privacy_unit, detail=EdgeTuples(num_nodes=int(num_nodes), neg_per_pos=int(k)),
     )
 
 
@@ -190,10 +198,12 @@ def _uncapped(sampling: SamplingSpec) -> None:
     others), whatever unit the datamodule declares."""
     from lightning_dprel.datamodules.edge_tuples.graph_prep import NO_DEGREE_CAP
 
-    if sampling.max_degree < NO_DEGREE_CAP:
+    if sampling.contribution_bound < NO_DEGREE_CAP:
         raise ValueError(
             f"accounting='skipgram_edge' (one relation, Δ = C) holds only for uncapped data, but the datamodule caps "
-            f"degrees at K = {sampling.max_degree}: a cap that keeps edges by their neighbours lets one relation change "
+            f"degrees at K = {sampling.contribution_bound}: a cap that keeps edges by their "
+            "neighbours "
+            "lets one relation change "
             "others. Use EdgeSkipGramDataModule."
         )
 

@@ -22,7 +22,8 @@ from torch_geometric.data import Data
 from torch_geometric.data import Dataset as PyGDataset
 
 from lightning_dprel.core.checks import check_bool
-from lightning_dprel.core.specs import ENTITY, SamplingSpec
+from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY, edge_tuples
 from lightning_dprel.datamodules.datasets.base import GraphSource
 from lightning_dprel.datamodules.edge_tuples.coupled_stream import CoupledStream
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule, derive_seed
@@ -104,13 +105,14 @@ class PaperStream(CoupledStream):
     (with replacement, as the code draws them) hung on each positive's start node (``neg_anchor`` ≡ 0)."""
 
     def draw_global(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
-        spec = self.spec
-        b, k = int(round(spec.expected_batch_size)), spec.neg_per_pos
-        idx = sample_without_replacement(spec.num_edges, b, generator=self.randomness.child(step, "positives"))
+        spec, tuples = self.spec, edge_tuples(self.spec)
+        b, k = int(round(spec.expected_batch_size)), tuples.neg_per_pos
+        positives = self.randomness.child(step, "positives")
+        idx = sample_without_replacement(spec.population, b, generator=positives)
         pos = self.edges.index_select(1, idx).t().contiguous()
         flip = self.randomness.child(step, "orientation").uniform(b) < 0.5
         pos = torch.where(flip[:, None], pos.flip(1), pos)
-        neg = self.randomness.child(step, "negatives").randint(spec.num_nodes, b * k).view(b, k)
+        neg = self.randomness.child(step, "negatives").randint(tuples.num_nodes, b * k).view(b, k)
         return pos, neg, torch.zeros(b, k, dtype=torch.long)
 
 
@@ -155,10 +157,13 @@ class AdvSGMPaperDataModule(SkipGramDataModule):
             known = torch.cat([known, torch.stack([self.eval_query, self.eval_target])], dim=1)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "non_edges"))
         self.train_edges = torch.cat([self.train_edges, sample_non_edges(known, n, m, generator=generator)], dim=1)
-        self._spec = replace(self._spec, num_edges=2 * m, sampling_rate=self._spec.expected_batch_size / (2 * m))
+        rate = self._spec.expected_batch_size / (2 * m)
+        self._spec = replace(self._spec, population=2 * m, sampling_rate=rate)
 
     @property
     def sampling_spec(self) -> SamplingSpec:
         spec = RelationalDataModule.sampling_spec.fget(self)
-        return advsgm_paper_sampling(num_nodes=spec.num_nodes, num_edges=spec.num_edges, batch_size=self.batch_size,
-                                     k=spec.neg_per_pos, privacy_unit=self.privacy_unit)
+        tuples = edge_tuples(spec)
+        return advsgm_paper_sampling(num_nodes=tuples.num_nodes, num_edges=spec.population,
+                                     batch_size=self.batch_size, k=tuples.neg_per_pos,
+                                     privacy_unit=self.privacy_unit)

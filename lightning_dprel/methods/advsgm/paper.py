@@ -35,8 +35,10 @@ class PaperStop(Callback):
 
     def _sizes(self, trainer: Any, module: Any) -> dict[str, Any]:
         spec = trainer.datamodule.sampling_spec
-        return {"num_nodes": spec.num_nodes, "num_edges": spec.num_edges, "batch_size": int(round(spec.expected_batch_size)),
-                "k": spec.neg_per_pos, "sigma": float(module.hparams.paper_sigma), "delta": self.delta}
+        tuples, b = spec.detail, int(round(spec.expected_batch_size))
+        return {"num_nodes": tuples.num_nodes, "num_edges": spec.population, "batch_size": b,
+                "k": tuples.neg_per_pos, "sigma": float(module.hparams.paper_sigma),
+                "delta": self.delta}
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if pl_module.hparams.get("mode") != "paper":

@@ -117,8 +117,8 @@ class NodeSplitDataModule(SteppedDataModule):
         """s examples, rate q, K = 1, k = 0, b = q·s, for the unit "node in one subgraph" (N = training nodes)."""
         s, q = self.num_splits, self.sampling_rate
         self._require()
-        return SamplingSpec(num_nodes=s, num_edges=s, max_degree=1, sampling_rate=q, neg_per_pos=0,
-                            expected_batch_size=q * s, steps_per_epoch=max(1, math.ceil(1.0 / q)),
+        return SamplingSpec(population=s, sampling_rate=q, expected_batch_size=q * s,
+                            steps_per_epoch=max(1, math.ceil(1.0 / q)),
                             privacy_unit=self.privacy_unit, num_units=max(1, int(self.data.train_mask.sum())))
 
     @property

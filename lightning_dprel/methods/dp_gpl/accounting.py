@@ -4,7 +4,9 @@ Alg. 1): prompt tuning where each private labelled node v is one example, its ow
 
 from __future__ import annotations
 
-from lightning_dprel.accounting.mechanisms.coupled import per_example_poisson_gaussian, per_example_poisson_gaussian_pld
+from lightning_dprel.accounting.mechanisms.per_example import (
+    per_example_poisson_gaussian, per_example_poisson_gaussian_pld,
+)
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, register_privacy_unit
 

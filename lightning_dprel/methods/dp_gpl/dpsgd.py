@@ -86,7 +86,7 @@ class PrivateNodeExamples(SteppedDataModule):
         """m labelled nodes, one example each (K = 1, k = 0), rate γ = b/m, unit ``labelled_node``."""
         m = self.num_examples
         q = self.b / m
-        return SamplingSpec(num_nodes=m, num_edges=m, max_degree=1, sampling_rate=q, neg_per_pos=0, expected_batch_size=q * m,
+        return SamplingSpec(population=m, sampling_rate=q, expected_batch_size=q * m,
                             steps_per_epoch=max(1, math.ceil(1.0 / q)), privacy_unit=self.privacy_unit, num_units=m)
 
     def sampled(self, step: int) -> Tensor:

@@ -6,13 +6,14 @@ changes no other entity's relations; items (ids, texts, the item graph) are publ
 
 Mechanism ``entity_items``: per-tuple (or per-entity) clipping to C, Poisson sampling at rate γ, dense noise σ·C.
 Removing an entity removes only its i ≤ K sampled tuples, so Δ = C·i: Theorem C.1's mixture with no negative-slot term
-(:func:`~lightning_dprel.accounting.mechanisms.coupled.public_items_rdp`). Entity-as-example sampling states K = 1 (one
-clipped term per entity) and is then exactly the Poisson subsampled Gaussian (Mironov et al. 2019).
+(:func:`~lightning_dprel.datamodules.edge_tuples.accounting.public_items_rdp`). Entity-as-example
+sampling states K = 1 (one clipped term per entity) and is then exactly the Poisson subsampled
+Gaussian (Mironov et al. 2019).
 """
 
 from __future__ import annotations
 
-from lightning_dprel.accounting.mechanisms.coupled import public_items_pld, public_items_rdp
+from lightning_dprel.datamodules.edge_tuples.accounting import public_items_pld, public_items_rdp
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.specs import PrivacyUnit, register_privacy_unit
 

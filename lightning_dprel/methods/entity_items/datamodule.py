@@ -30,6 +30,7 @@ from lightning_dprel.core.datamodule import StepStream, SteppedDataModule
 from lightning_dprel.core.example_views import TensorRows
 from lightning_dprel.core.randomness import SEEDED_WARNING, KeyedStream
 from lightning_dprel.core.specs import SamplingSpec
+from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples
 from lightning_dprel.methods.entity_items.accounting import ENTITY_PUBLIC_ITEMS
 from lightning_dprel.methods.entity_items.capping import keyed_cap
 
@@ -242,9 +243,10 @@ class EntityItemDataModule(SteppedDataModule):
             raise ValueError(f"`expected_batch_size` must be in (0, {m}] for recipe {self.recipe!r}, got {self.b}.")
         rate = self.b / m
         # num_nodes: the bipartite graph's, so K' = min(K, n + items) never drops below the relations an entity can keep
-        return SamplingSpec(num_nodes=n + len(self.item_ids), num_edges=m, max_degree=k_units, sampling_rate=rate, neg_per_pos=0,
+        return SamplingSpec(population=m, contribution_bound=k_units, sampling_rate=rate,
                             expected_batch_size=self.b, steps_per_epoch=math.ceil(1.0 / rate),
-                            privacy_unit=self.privacy_unit, num_units=n)
+                            privacy_unit=self.privacy_unit, num_units=n,
+                            detail=EdgeTuples(num_nodes=n + len(self.item_ids)))
 
     # -- batches ------------------------------------------------------------------------------------------------
     def next_batch(self) -> dict[str, Tensor]:
@@ -252,7 +254,8 @@ class EntityItemDataModule(SteppedDataModule):
         step, self._step = self._step, self._step + 1
         spec = self.sampling_spec
         rank, world = self.world()
-        rows = torch.nonzero(self.stream.child(step, "sample").uniform(spec.num_edges) < spec.sampling_rate).view(-1)
+        kept = self.stream.child(step, "sample").uniform(spec.population) < spec.sampling_rate
+        rows = torch.nonzero(kept).view(-1)
         rows = rows[rank::world]
         if self.recipe == "entity":
             batch = {"query": self.entity_x[self.train_entities[rows]], "items": self.entity_items[rows]}

@@ -1,9 +1,10 @@
 """Entity-level DP relational learning (Huang et al.): coupled sampling, per-tuple gradients, FREQ-CLIP, Theorem C.1.
 
-Its units and mechanisms (``entity``; FREQ-CLIP and Theorem C.1) are the coupled edge-tuple sampling's, which the core
-registers (:mod:`lightning_dprel.accounting.mechanisms.coupled`): this package registers none of its own.
+Its clipping ``"freq"``, unit ``entity`` and mechanisms are registered on import
+(:mod:`.accounting`).
 """
 
+from lightning_dprel.methods.relational import accounting  # noqa: F401 - registers its names
 from lightning_dprel.core.lazy import lazy_exports
 
 _EXPORTS = {
