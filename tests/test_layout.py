@@ -190,7 +190,7 @@ def test_no_module_of_the_shared_layers_is_named_after_a_method():
 def _defaults(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, value) of every string a module states as a default: a function's default arguments,
     a class field's default, a module constant named ``*DEFAULT*``, a ``default=`` keyword (tuples
-    and lists count their strings)."""
+    and lists count their strings), an ``or`` fallback."""
     found: list[ast.expr] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -200,6 +200,8 @@ def _defaults(tree: ast.Module) -> list[tuple[int, str]]:
             found += [n.value for n in fields if n.value is not None]
         elif isinstance(node, ast.keyword) and node.arg == "default":
             found.append(node.value)
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            found.append(node.values[-1])  # ``x or "fallback"``
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -223,9 +225,12 @@ def test_no_default_of_the_core_or_accounting_names_a_method_a_unit_or_a_mechani
     from lightning_dprel.core.discovery import import_methods
     from lightning_dprel.core.specs import PRIVACY_UNITS
 
+    from lightning_dprel.core.clipping_modes import CLIPPINGS
+
     assert import_methods() == {}
-    names = set(_method_names()) | set(PRIVACY_UNITS) | set(registered_mechanisms())
-    assert {"relational", "entity", "freq_corrected", "poisson_gaussian"} <= names
+    methods_clipping = {n for n in CLIPPINGS if not _under(CLIPPINGS[n].factors.__module__, f"{LIB}.core")}
+    names = set(_method_names()) | set(PRIVACY_UNITS) | set(registered_mechanisms()) | methods_clipping
+    assert {"relational", "entity", "freq_corrected", "poisson_gaussian", "freq"} <= names
     assert not _named(_files(), names), _named(_files(), names)
 
 
@@ -407,9 +412,10 @@ def test_the_default_finder_finds_each_kind_of_default(tmp_path):
         "def f(a, m='standard', *, unit=('entity',)): pass\n"
         "@dataclass\nclass S:\n    unit: str = 'example'\n"
         "p.add_argument('--m', default='naive')\n"
+        "name = given or spent or 'freq_paper'\n"
     )
     got = {value for _, value in _defaults(ast.parse(f.read_text()))}
-    assert got == {"freq_corrected", "standard", "entity", "example", "naive"}  # not OTHER
+    assert got == {"freq_corrected", "standard", "entity", "example", "naive", "freq_paper"}  # not OTHER
     found = _named({f"{LIB}.core.m": f, f"{LIB}.methods.m": f}, {"naive"})
     assert found == [f"{LIB}.core.m:8 'naive'"]  # only the shared layers are read
 

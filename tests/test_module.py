@@ -141,7 +141,7 @@ def test_noise_state_dict_round_trip():
         other.load_state_dict(state)
     with pytest.raises(TypeError, match="KeyedStream"):
         DPOptimizer(torch.optim.SGD(params.values(), lr=1.0), named_params=params, noise_multiplier=1.0, clip_norm=1.0,
-                    noise=torch.Generator())
+                    clipping="freq", noise=torch.Generator())
 
 
 # --- module API ------------------------------------------------------------------------------------

@@ -67,14 +67,15 @@ def test_secret_noise_key_comes_from_urandom(monkeypatch):
     torch.manual_seed(0)
     before = torch.get_rng_state()
     params = {"p": torch.nn.Parameter(torch.zeros(8))}
-    dp = DPOptimizer(torch.optim.SGD(params.values(), lr=1.0), named_params=params, noise_multiplier=1.0, clip_norm=1.0)
+    dp = DPOptimizer(torch.optim.SGD(params.values(), lr=1.0), named_params=params, noise_multiplier=1.0, clip_norm=1.0,
+                    clipping="freq")
     assert dp.noise.is_secret and calls == []  # keyed lazily, at the first draw
     a, b = dp.noise.normal(1000, 1.0), dp.noise.normal(1000, 1.0, dtype=torch.float64)
     assert calls == [32] and a.dtype == torch.float32 and b.dtype == torch.float64  # one 256-bit key, then SHAKE-256
     assert not torch.equal(a.double(), b)
     assert torch.equal(torch.get_rng_state(), before)  # the global generator is untouched
     zero = DPOptimizer(torch.optim.SGD(params.values(), lr=1.0), named_params=params, noise_multiplier=1.0, clip_norm=1.0,
-                       noise=KeyedStream.seeded(0, "noise", warn=False)).noise.normal(1000, 1.0)
+                       clipping="freq", noise=KeyedStream.seeded(0, "noise", warn=False)).noise.normal(1000, 1.0)
     assert not torch.equal(a, zero)
 
 

@@ -218,7 +218,9 @@ class PrivacyLedger:
 
     def _mechanism_name(self, mechanism: str | None) -> str:
         spent = self.private_mechanism
-        name = mechanism or spent or "freq_corrected"
+        name = mechanism or spent or next((s.mechanism for s in self._segments if s.mechanism != "none"), None)
+        if name is None:
+            raise ValueError("The ledger holds no accountable release yet: name the `mechanism` to account with.")
         if spent is not None and name != spent:
             check_accounting_choice(spent, name)
         if self.unit is not None and (spent is not None or mechanism is not None):

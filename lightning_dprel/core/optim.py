@@ -66,8 +66,8 @@ class DPOptimizer(Optimizer):
     Args:
         optimizer: the wrapped optimizer over exactly the parameters in ``named_params``.
         named_params: name → parameter; per-tuple gradient records use these names.
-        noise_multiplier, clip_norm, clipping, accounting: σ ≥ 0 (noise std σ·C), C > 0, ``"freq"`` (Algorithm 1),
-            ``"standard"`` or ``"none"`` (σ = 0), and the mechanism key that labels the step records; or ``noise_spec``.
+        noise_multiplier, clip_norm, clipping, accounting: σ ≥ 0 (noise std σ·C), C > 0, a registered clipping
+            mode (``"standard"``, ``"none"`` with σ = 0, or a method's, e.g. ``"freq"``), and the mechanism key that labels the step records; or ``noise_spec``.
         noise: the :class:`~lightning_dprel.core.randomness.KeyedStream` of the noise (default: a secret one, keyed
             from ``os.urandom``; ``KeyedStream.seeded`` for reproducible tests, which warns).
         process_group: the ``torch.distributed`` group to all-reduce over (default: the world).
@@ -77,7 +77,7 @@ class DPOptimizer(Optimizer):
     Example::
 
         dp = DPOptimizer(torch.optim.Adam(params.values()), named_params=params,
-                         noise_multiplier=1.0, clip_norm=1.0)
+                         noise_multiplier=1.0, clip_norm=1.0, clipping="standard")
         dp.record(per_tuple.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
         dp.step()
     """
@@ -89,7 +89,7 @@ class DPOptimizer(Optimizer):
         named_params: Mapping[str, nn.Parameter],
         noise_multiplier: float | None = None,
         clip_norm: float | None = None,
-        clipping: str = "freq",
+        clipping: str | None = None,
         accounting: str | None = None,
         noise_spec: NoiseSpec | None = None,
         noise: KeyedStream | None = None,
@@ -113,8 +113,8 @@ class DPOptimizer(Optimizer):
                 "generators are refused because a released model reveals their output (issue 11)."
             )
         if noise_spec is None:
-            if noise_multiplier is None or clip_norm is None:
-                raise TypeError("DPOptimizer needs `noise_spec`, or `noise_multiplier` and `clip_norm`.")
+            if noise_multiplier is None or clip_norm is None or clipping is None:
+                raise TypeError("DPOptimizer needs `noise_spec`, or `noise_multiplier`, `clip_norm` and `clipping`.")
             noise_spec = NoiseSpec(float(noise_multiplier), float(clip_norm), clipping=clipping, accounting=accounting)
         elif not isinstance(noise_spec, NoiseSpec):
             raise TypeError(f"`noise_spec` must be a NoiseSpec, got {type(noise_spec).__name__}.")
