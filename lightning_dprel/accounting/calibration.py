@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from lightning_dprel.core.checks import positive_finite
+from lightning_dprel.core.checks import check_probability, positive_finite
 from lightning_dprel.accounting.accountant import Accountant
 from lightning_dprel.accounting.conversion import check_delta
 from lightning_dprel.accounting.mechanisms import check_noise_multiplier, check_step_count
@@ -74,8 +74,7 @@ def noise_multiplier_for(
     target = _check_target(target_epsilon)
     delta = check_delta(delta)
     steps = check_step_count("steps", steps)
-    if not (0.0 < float(tol) < 1.0):
-        raise ValueError(f"`tol` must be in (0, 1), got {tol}.")
+    check_probability("tol", tol)
     acc = _spent_accountant(spent, mechanism, as_orders(orders) if spent is None else None, accountant)
 
     def eps_rdp(sigma: float) -> float:

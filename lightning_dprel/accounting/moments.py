@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from lightning_dprel.core.checks import check_int, check_probability, positive_finite
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
 from lightning_dprel.accounting.conversion import check_delta
 
@@ -20,12 +21,9 @@ __all__ = ["moments_accountant_epsilon"]
 
 def moments_accountant_epsilon(sampling_rate: float, noise_multiplier: float, steps: int, delta: float, *, max_lambda: int = 255) -> tuple[float, int]:
     """(ε, best λ) of ``steps`` Poisson-subsampled Gaussian steps, moments accountant with integer λ ≤ ``max_lambda``."""
-    if not 0.0 < float(sampling_rate) <= 1.0:
-        raise ValueError(f"`sampling_rate` must be in (0, 1], got {sampling_rate}.")
-    if not float(noise_multiplier) > 0.0:
-        raise ValueError(f"`noise_multiplier` must be > 0, got {noise_multiplier}.")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"`steps` must be an int >= 1, got {steps!r}.")
+    check_probability("sampling_rate", sampling_rate, one=True)
+    positive_finite("noise_multiplier", noise_multiplier)
+    check_int("steps", steps, 1)
     delta = check_delta(delta)
     alphas = np.arange(2, int(max_lambda) + 2, dtype=float)
     eps = steps * poisson_gaussian_rdp(float(sampling_rate), float(noise_multiplier), alphas) + math.log(1.0 / delta) / (alphas - 1.0)

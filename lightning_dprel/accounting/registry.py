@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS, as_orders
 from lightning_dprel.core.discovery import MethodRegistry
 from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec
@@ -196,11 +197,7 @@ def check_accounting_choice(module_mechanism: str, chosen: str) -> Mechanism:
 
 def check_step_count(name: str, value: int) -> int:
     """Return ``value`` as an int, or raise unless it is an int >= 1 (``name`` is the argument's name)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int >= 1, got {type(value).__name__} ({value!r}).")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}.")
-    return int(value)
+    return check_int(name, value, 1)
 
 
 #: Smallest σ the accountant accepts (its numerics are tested from 0.3 up; calibration never goes below 0.1).

@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 
 from lightning_dprel.accounting import get_mechanism, registered_mechanisms
 from lightning_dprel.accounting.mechanisms import check_accounting_choice, check_fit_sampling, check_module_mechanism
-from lightning_dprel.core.checks import positive_finite, refuse_unsafe_trainer_settings
+from lightning_dprel.core.checks import check_bool, check_delta, positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.checks import resolve_delta as _resolve_delta
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.privacy_layer import PrivacyLayer
@@ -57,16 +57,13 @@ def check_arguments(target_epsilon: Optional[float], delta: Optional[float], mec
     if target_epsilon is not None:
         target_epsilon = positive_finite("target_epsilon", target_epsilon, "e.g. target_epsilon=4.0")
     if delta is not None:
-        delta = positive_finite("delta", delta, "e.g. delta=1e-5, or leave it None for 1/m")
-        if delta >= 1.0:
-            raise ValueError(f"`delta` must be in (0, 1), got {delta}. Leave it None for δ = 1/m.")
+        delta = check_delta(delta)
     if mechanism is not None and mechanism not in registered_mechanisms():
         raise ValueError(
             f"`mechanism` must be one of {registered_mechanisms()} or None (take it from the module's "
             f"noise_spec), got {mechanism!r}."
         )
-    if not isinstance(calibrate, bool):
-        raise TypeError(f"`calibrate` must be a bool, got {type(calibrate).__name__} ({calibrate!r}).")
+    check_bool("calibrate", calibrate)
     if calibrate and target_epsilon is None:
         raise ValueError("`calibrate=True` chooses σ from the budget and needs `target_epsilon`, got None.")
     if sampling_spec is not None and not isinstance(sampling_spec, SamplingSpec):

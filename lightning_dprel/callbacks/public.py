@@ -19,6 +19,7 @@ import torch
 from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities import move_data_to_device
 
+from lightning_dprel.core.checks import check_int, positive_finite
 from lightning_dprel.core.update_watch import public_update
 from lightning_dprel.core.subspace import GradientSubspace
 from lightning_dprel.progress import ProgressLog
@@ -31,11 +32,6 @@ def _public(trainer: pl.Trainer, who: str) -> Any:
     if public is None:
         raise ValueError(f"{who} needs public data: pass `public=` to the datamodule (e.g. RelationalDataModule(..., public=WordNetLarge())).")
     return public
-
-
-def _check_positive(name: str, value: Any, kind: type = int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive {kind.__name__}, got {value!r}.")
 
 
 def _neg_per_pos(trainer: pl.Trainer) -> int:
@@ -58,10 +54,9 @@ class PublicWarmStart(Callback):
     """
 
     def __init__(self, steps: int = 300, lr: float = 3e-3, batch_size: int = 1024, progress: bool = True) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"`steps` must be an int >= 0, got {steps!r}.")
-        _check_positive("lr", lr, float)
-        _check_positive("batch_size", batch_size)
+        check_int("steps", steps, 0)
+        positive_finite("lr", lr)
+        check_int("batch_size", batch_size, 1)
         self.steps, self.lr, self.batch_size, self.progress = steps, float(lr), batch_size, bool(progress)
         self.done = False
 
@@ -99,9 +94,9 @@ class PublicInterleave(Callback):
     """
 
     def __init__(self, every_n_steps: int = 1, lr: float = 1e-3, batch_size: int = 1024) -> None:
-        _check_positive("every_n_steps", every_n_steps)
-        _check_positive("lr", lr, float)
-        _check_positive("batch_size", batch_size)
+        check_int("every_n_steps", every_n_steps, 1)
+        positive_finite("lr", lr)
+        check_int("batch_size", batch_size, 1)
         self.every_n_steps, self.lr, self.batch_size = every_n_steps, float(lr), batch_size
         self._opt: torch.optim.Optimizer | None = None
 
@@ -159,9 +154,9 @@ class PublicGradientSubspace(Callback):
     """
 
     def __init__(self, k: int = 32, every_n_steps: int = 50, num_tuples: int = 1024) -> None:
-        _check_positive("k", k)
-        _check_positive("every_n_steps", every_n_steps)
-        _check_positive("num_tuples", num_tuples)
+        check_int("k", k, 1)
+        check_int("every_n_steps", every_n_steps, 1)
+        check_int("num_tuples", num_tuples, 1)
         if num_tuples < k:
             raise ValueError(f"`num_tuples` ({num_tuples}) must be >= k ({k}): k directions need at least k public gradients.")
         self.k, self.every_n_steps, self.num_tuples = k, every_n_steps, num_tuples

@@ -18,6 +18,7 @@ import torch
 from pytorch_lightning.callbacks.callback import Callback
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
+from lightning_dprel.core.checks import check_choice, check_int
 from lightning_dprel.callbacks.public import record_public
 from lightning_dprel.core.update_watch import public_update
 
@@ -64,10 +65,8 @@ class ValidationSelection(Callback):
         restore_best: bool = True,
         require_validation_graph: bool = True,
     ) -> None:
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"`every_n_steps` must be a positive int, got {every_n_steps!r}.")
-        if monitor not in _MONITORS:
-            raise ValueError(f"`monitor` must be one of {_MONITORS}, got {monitor!r}.")
+        check_int("every_n_steps", every_n_steps, 1)
+        check_choice("monitor", monitor, _MONITORS)
         self.every_n_steps = every_n_steps
         self.monitor = monitor
         self.include_base = bool(include_base)

@@ -9,12 +9,12 @@ Abadi et al. 2016, Alg. 1; DP-GCN's subgraphs, DP-GPL's labelled nodes) is :clas
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
 
 from torch import Tensor
+
+from lightning_dprel.core.checks import check_int, positive_finite
 
 __all__ = ["PrivateBatch", "ExampleBatch"]
 
@@ -34,10 +34,8 @@ class PrivateBatch:
 
     def __post_init__(self) -> None:
         b = self.expected_batch_size
-        if isinstance(b, bool) or not isinstance(b, Real) or not (b > 0.0) or math.isinf(b):
-            raise ValueError(f"`expected_batch_size` must be a finite number > 0, got {b!r}.")
-        if isinstance(self.step, bool) or not isinstance(self.step, Integral) or self.step < 0:
-            raise ValueError(f"`step` (the sample token) must be an int >= 0, got {self.step!r}.")
+        positive_finite("expected_batch_size", b)
+        check_int("step (the sample token)", self.step, 0)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 
+from lightning_dprel.core.checks import check_delta, positive_finite
 from lightning_dprel.accounting import Accountant
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -18,11 +18,8 @@ class PrivacyBudget:
     """
 
     def __init__(self, target_epsilon: float, delta: float) -> None:
-        for name, value in (("target_epsilon", target_epsilon), ("delta", delta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0) or math.isinf(value):
-                raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
-        if delta >= 1.0:
-            raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+        positive_finite("target_epsilon", target_epsilon)
+        check_delta(delta)
         self.target_epsilon = float(target_epsilon)
         self.delta = float(delta)
 

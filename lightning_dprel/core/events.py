@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.specs import NoiseSpec, privacy_unit
 
 __all__ = ["StepRecord", "SampledGaussianStep", "GaussianRelease", "effective_noise_multiplier"]
@@ -122,7 +123,6 @@ class GaussianRelease:
         privacy_unit(self.unit)
         if not (float(self.noise_multiplier) > 0.0) or math.isinf(self.noise_multiplier):
             raise ValueError(f"A GaussianRelease needs σ > 0 and finite, got {self.noise_multiplier}.")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ValueError(f"`count` must be an int >= 1, got {self.count!r}.")
+        check_int("count", self.count, 1)
 
     mechanism = "gaussian"

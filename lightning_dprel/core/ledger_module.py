@@ -25,6 +25,7 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.privacy_layer import (
     PrivacyLayer, ledger_bounds, ledger_delta, ledger_epsilon, number as _number, privacy_delta,
@@ -102,8 +103,7 @@ class LedgerModule(LightningModule, PrivacyLayer):
 
     def _setup_ledger(self, *, noise_seed: int | None, stream: str = "noise") -> None:
         """Create the ledger and the keyed noise stream (call from ``__init__``)."""
-        if noise_seed is not None and (isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0):
-            raise ValueError(f"`noise_seed` must be a non-negative int or None, got {noise_seed!r}.")
+        check_int("noise_seed", noise_seed, 0, optional=True)
         self.privacy_ledger = PrivacyLedger()
         self.noise_source = KeyedStream(stream, seed=noise_seed, _warn=False)
         #: How node inputs were made from texts (text encoders; kept in checkpoints), and the δ saved with a checkpoint.

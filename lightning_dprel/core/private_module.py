@@ -22,7 +22,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from lightning_dprel.core.checks import refuse_unsafe_trainer_settings
+from lightning_dprel.core.checks import check_choice, check_probability, positive_finite, refuse_unsafe_trainer_settings
 from lightning_dprel.core.ledger_module import LedgerModule, privacy_delta
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
@@ -50,12 +50,9 @@ class PrivateModule(LedgerModule):
         optimizer: str, lr: float, momentum: float, diagnostics: bool,
     ) -> None:
         """Validate and set the privacy settings (call from ``__init__`` before ``save_hyperparameters``)."""
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"`optimizer` must be one of {OPTIMIZERS}, got {optimizer!r}.")
-        if not float(lr) > 0:
-            raise ValueError(f"`lr` must be > 0, got {lr}.")
-        if not 0.0 <= float(momentum) < 1.0:
-            raise ValueError(f"`momentum` must be in [0, 1), got {momentum}.")
+        check_choice("optimizer", optimizer, OPTIMIZERS)
+        positive_finite("lr", lr)
+        check_probability("momentum", momentum, zero=True)
         spec = {"noise_multiplier": float(noise_multiplier), "clip_norm": float(clip_norm), "clipping": clipping}
         #: The configured noise spec until the DP optimizer is built; from then on the optimizer holds it (one home).
         self._noise_spec: NoiseSpec | None = NoiseSpec(**spec, **({} if accounting is None else {"accounting": accounting}))

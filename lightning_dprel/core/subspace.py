@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from lightning_dprel.core.checks import check_int
 from lightning_dprel.grad_sample.base import MaterializedGrads, TupleGradients
 
 __all__ = ["GradientSubspace", "ProjectedGrads", "SUBSPACE", "check_subspace", "check_projected"]
@@ -53,8 +54,7 @@ class GradientSubspace:
     @classmethod
     def fit(cls, public_grads: Mapping[str, Tensor], k: int) -> "GradientSubspace":
         """The top-k right singular vectors of the public per-example gradients (name → ``[n, *shape]``)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"`k` must be an int >= 1, got {k!r}.")
+        check_int("k", k, 1)
         flat = flatten(public_grads)
         if not torch.isfinite(flat).all():
             raise ValueError("the public per-example gradients hold non-finite values; check the public graph's features.")
