@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from lightning_dprel.core.checks import check_choice, check_int  # check_int: re-exported
-from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream, check_stream
 
 __all__ = ["DESIGNS", "CanaryGraph", "canary_graph", "check_int", "secret_coins"]
 
@@ -34,11 +34,8 @@ DESIGNS = ("dirac", "freq_adversarial")
 def secret_coins(m: int, *, stream: KeyedStream | None = None) -> Tensor:
     """``[m]`` fair, independent coins (True = include) from a keyed CSPRNG stream (secret by default)."""
     check_int("m (the number of canaries)", m, 1)
-    if stream is not None and not isinstance(stream, KeyedStream):
-        raise TypeError(
-            f"`stream` must be a lightning_dprel.core.randomness.KeyedStream, got {type(stream).__name__}: coins from a "
-            "seeded torch/numpy generator can be predicted by the training run."
-        )
+    if stream is not None:
+        check_stream(stream, why="coins from a seeded torch/numpy generator can be predicted by the training run")
     stream = stream if stream is not None else KeyedStream.secret("audit-coins")
     raw = torch.frombuffer(bytearray(stream.bytes(m)), dtype=torch.uint8)
     return (raw & 1).bool()

@@ -232,6 +232,14 @@ def check_source(source: Any, name: str = "generator") -> None:
         )
 
 
+def check_stream(stream: Any, name: str = "stream", why: str = "the noise protects privacy") -> Any:
+    """``stream`` unchanged; ``TypeError`` unless a :class:`KeyedStream` (a seeded generator is predictable)."""
+    if not isinstance(stream, KeyedStream):
+        raise TypeError(f"`{name}` must be a lightning_dprel.core.randomness.KeyedStream ({why}), got "
+                        f"{type(stream).__name__}.")
+    return stream
+
+
 def randperm(n: int, source: Any) -> Tensor:
     """A random permutation of [0, n) from either kind of source."""
     return source.randperm(n) if isinstance(source, KeyedStream) else torch.randperm(n, generator=source)

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from lightning_dprel.core.checks import check_int, check_probability, positive_finite
 from lightning_dprel.core.events import GaussianRelease
-from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream, check_stream
 
 __all__ = ["survival_counts", "survival_sensitivity", "cap_for_share", "DegreeCapEstimate", "DPDegreeCap", "Settings", "suggest_settings", "choose_settings"]
 
@@ -90,8 +90,8 @@ class DPDegreeCap:
         check_probability("keep", keep, one=True)
         check_int("k_max", k_max, 1)
         positive_finite("noise_multiplier", noise_multiplier)
-        if stream is not None and not isinstance(stream, KeyedStream):
-            raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
+        if stream is not None:
+            check_stream(stream)
         self.keep, self.k_max, self.noise_multiplier = float(keep), k_max, float(noise_multiplier)
         self.stream = stream if stream is not None else KeyedStream.secret("degree-cap")
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lightning_dprel.core.checks import check_int, positive_finite
 from lightning_dprel.core.events import GaussianRelease
-from lightning_dprel.core.randomness import KeyedStream
+from lightning_dprel.core.randomness import KeyedStream, check_stream
 
 __all__ = ["vote_histogram", "Answers", "confident_gnmax", "gnmax", "pate_releases"]
 
@@ -52,8 +52,7 @@ def confident_gnmax(counts: Tensor, *, threshold: float, sigma_threshold: float,
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
     positive_finite("sigma_threshold (σ₁, the threshold noise)", sigma_threshold)
     positive_finite("sigma_vote (σ₂, the vote noise)", sigma_vote)
-    if not isinstance(stream, KeyedStream):
-        raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
+    check_stream(stream)
     q, c = counts.shape
     counts = counts.to(torch.float64)
     gate = counts.max(dim=1).values + stream.normal(q, float(sigma_threshold), dtype=torch.float64)
@@ -70,8 +69,7 @@ def gnmax(counts: Tensor, *, sigma_vote: float, stream: KeyedStream) -> Answers:
     if counts.dim() != 2 or counts.shape[1] < 2:
         raise ValueError(f"`counts` must be [queries, classes ≥ 2], got {tuple(counts.shape)}.")
     positive_finite("sigma_vote (σ₂, the vote noise)", sigma_vote)
-    if not isinstance(stream, KeyedStream):
-        raise TypeError(f"`stream` must be a KeyedStream (the noise protects privacy), got {type(stream).__name__}.")
+    check_stream(stream)
     q, c = counts.shape
     noisy = counts.to(torch.float64) + stream.normal(q * c, float(sigma_vote), dtype=torch.float64).view(q, c)
     return Answers(torch.ones(q, dtype=torch.bool), noisy.argmax(dim=1))
