@@ -1,7 +1,7 @@
 """Empirical privacy audit (issue 15): canary entities by secret coins, membership scores, ε lower bounds.
 
 Privacy unit audited: one entity (a node with all its relations), add/remove — the library's
-:data:`~lightning_dprel.core.specs.PRIVACY_UNIT`. A lower bound above a proven ε is a violation: report it.
+:data:`~lightning_dprel.datamodules.edge_tuples.spec.PRIVACY_UNIT`. A lower bound above a proven ε is a violation: report it.
 ``python -m lightning_dprel.audit --config configs/audit_tiny.yaml``; docs/audit.md.
 
 The LiRA and PATE audits load on first use (torchmetrics, DP-GPL): the command starts, and says so, seconds sooner.

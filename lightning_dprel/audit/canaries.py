@@ -2,7 +2,7 @@
 
 A canary is a node with its relations. Its coin decides, before training, whether the node and every one of
 its edges are in the training graph (in) or absent from it, node included (out): the entity-level
-neighbouring relation of :data:`lightning_dprel.core.specs.PRIVACY_UNIT`. Coins are fair, independent and drawn
+neighbouring relation of :data:`lightning_dprel.datamodules.edge_tuples.spec.PRIVACY_UNIT`. Coins are fair, independent and drawn
 from the cryptographic keyed stream, so nothing the training run sees predicts them.
 
 Two designs of *gradient canaries* (the white-box, DP-SGD threat model: the adversary chooses each tuple's

@@ -29,6 +29,7 @@ from lightning_dprel.core.update_watch import UpdateWatch, declare_public
 from lightning_dprel.core.attached import LEDGER_KEY, AttachedDPSGD, refuse_hand_made_facts
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.example_views import ExampleView
+from lightning_dprel.core.ledger_module import LedgerModule
 from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -53,8 +54,13 @@ def privacy_layer(trainer: Any, pl_module: Any, *, clip_norm: Optional[float],
                   saved_ledger: Optional[dict] = None) -> PrivacyLayer:
     """The privacy layer of ``pl_module``: itself if it is a lightning_dprel model, else the DP-SGD
     layer attached to it (the trainer steps its DP optimizer; the module's step runs through it)."""
-    if isinstance(pl_module, PrivacyLayer):
+    if isinstance(pl_module, LedgerModule):
         return pl_module
+    if isinstance(pl_module, PrivacyLayer):
+        raise TypeError(
+            f"{type(pl_module).__name__} implements PrivacyLayer without LedgerModule: subclass "
+            "LedgerModule or PrivateModule, or drop PrivacyLayer and let the callback attach the layer."
+        )
     refuse_hand_made_facts(pl_module)
     if clip_norm is None:
         raise ValueError(

@@ -97,7 +97,7 @@ def ledger_of(layer: PrivacyLayer) -> PrivacyLedger:
     return ledger
 
 
-def check_clip_norm(layer: PrivacyLayer, clip_norm: Optional[float]) -> None:
+def refuse_foreign_clip_norm(layer: PrivacyLayer, clip_norm: Optional[float]) -> None:
     """Refuse the callback's ``clip_norm`` for a model that chose another C (it was ignored)."""
     if clip_norm is None or not layer.owns_clip_norm:
         return

@@ -26,7 +26,7 @@ from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec
 from lightning_dprel.core.privacy_layer import PrivacyLayer
 from lightning_dprel.callbacks.checks import (
-    ACCOUNTING_LABELS, calibrated_sigma, check_arguments, check_clip_norm, check_not_over,
+    ACCOUNTING_LABELS, calibrated_sigma, check_arguments, refuse_foreign_clip_norm, check_not_over,
     check_private, check_saved_state, check_trainer, horizon_end, ledger_of, noise_spec_of,
     release_summary, resolve_delta, resolve_mechanism, sampling_spec_of, step_summary,
 )
@@ -129,16 +129,16 @@ class PrivacyCallback(Callback):
         self._horizon_end: Optional[int] = None  # private steps the ledger will hold when this fit's plan ends
         self._warned: set[str] = set()
 
-    # ------------------------------------------------------------------ public read-outs
-    @property
+    @property  # ------------------------------------------------------ public read-outs
     def ledger(self) -> Optional[PrivacyLedger]:
         """The model's ledger: every release it made (an attached layer's for a plain LightningModule)."""
         return self._ledger
 
     @property
     def accountant(self) -> Optional[Accountant]:
-        """An accountant over every private step of the model's ledger."""
-        return None if self._ledger is None else self._ledger.accountant(**self._how)
+        """An accountant over every private step of the model's ledger (None before anything accountable)."""
+        led, how = self._ledger, self._how
+        return led.accountant(**how) if led and (led.accountable or how.get("mechanism")) else None
 
     @property
     def epsilon(self) -> float:
@@ -171,7 +171,7 @@ class PrivacyCallback(Callback):
         self._layer = layer = privacy_layer(
             trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
             log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
-        check_clip_norm(layer, self.clip_norm)
+        refuse_foreign_clip_norm(layer, self.clip_norm)
         planned = layer.planned_releases()
         if planned is None:
             return

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_dprel.core.checks import positive_finite
 from lightning_dprel.core.clipping_modes import clip_factors, clipping_mode
 from lightning_dprel.grad_sample.sums import PerTupleGrads, dropped_rows, per_tuple_norms, zero_rows
 
@@ -32,11 +33,7 @@ __all__ = [
 
 def check_clip_norm(clip_norm: float) -> float:
     """C as a float, or a clear error unless it is a finite number > 0."""
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)):
-        raise TypeError(f"`clip_norm` must be a float, got {type(clip_norm).__name__}.")
-    if not (float(clip_norm) > 0.0) or clip_norm == float("inf"):
-        raise ValueError(f"`clip_norm` must be > 0 and finite, got {clip_norm}.")
-    return float(clip_norm)
+    return positive_finite("clip_norm", clip_norm)
 
 
 def factors_from_norms(norms: Tensor, clipping: str, *, clip_norm: float, **facts: Any) -> Tensor:

@@ -37,6 +37,7 @@ class Clipping:
     factors: FactorRule
     bound: str
     private: bool = True
+    needs_max_freq: bool = False  # the factor rule reads each row's max-freq from the batch
 
 
 CLIPPINGS: MethodRegistry[Clipping] = MethodRegistry("clipping modes")
@@ -66,8 +67,12 @@ def clipping_mode(name: str) -> Clipping:
 
 def register_mechanism_choice(clipping: str, accounting: str | None, mechanism: str) -> None:
     """``NoiseSpec(clipping=clipping, accounting=accounting)`` accounts with ``mechanism`` (None:
-    the clipping's own)."""
-    _CHOICES[f"{clipping}:{accounting or ''}"] = mechanism
+    the clipping's own); a taken pair is refused for a different mechanism."""
+    key = f"{clipping}:{accounting or ''}"
+    known = _CHOICES.peek(key)
+    if known is not None and known != mechanism:
+        raise ValueError(f"(clipping, accounting) = {key!r} already selects {known!r}, not {mechanism!r}.")
+    _CHOICES[key] = mechanism
 
 
 def chosen_mechanism(clipping: str, accounting: str | None) -> str:

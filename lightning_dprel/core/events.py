@@ -29,7 +29,7 @@ class StepRecord:
     Attributes:
         mechanism: the accountant mechanism of the module's clipping and accounting (``"none"``: baseline).
         noise_multiplier: σ; the noise drawn had std ``noise_std`` = σ·C (0 when σ = 0).
-        clip_norm: C. clipping: ``"freq"``, ``"standard"`` or ``"none"``.
+        clip_norm: C. clipping: a registered clipping mode (``"standard"``, ``"none"``, a method's).
         noise_std: the standard deviation the Gaussian was drawn with.
         expected_batch_size: the b the clipped, noised sum was divided by.
     """

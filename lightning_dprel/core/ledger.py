@@ -216,6 +216,11 @@ class PrivacyLedger:
         """Noised sums released on the last step's sample (1 for one optimizer step per batch)."""
         return self._segments[-1].releases if self._segments else 1
 
+    @property
+    def accountable(self) -> bool:
+        """Whether any accounted release (a noised step or event) was charged."""
+        return any(s.mechanism != "none" for s in self._segments)
+
     def _mechanism_name(self, mechanism: str | None) -> str:
         spent = self.private_mechanism
         name = mechanism or spent or next((s.mechanism for s in self._segments if s.mechanism != "none"), None)

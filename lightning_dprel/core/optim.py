@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightning_dprel.core.clipping import factors_from_norms
+from lightning_dprel.core.clipping import clipping_mode, factors_from_norms
 from lightning_dprel.core.diagnostics import norm_stats, sum_stats, update_norm
 from lightning_dprel.core.events import StepRecord
 from lightning_dprel.grad_sample.base import MaterializedGrads, TupleGradients
@@ -200,10 +200,10 @@ class DPOptimizer(Optimizer):
                 f"`expected_batch_size` must be > 0 (b = γ·m from the datamodule), got {expected_batch_size!r}."
             )
         size = grads.size
-        if self.clipping == "freq":
+        if clipping_mode(self.clipping).needs_max_freq:
             if max_freq is None or max_freq.shape != (size,):
                 raise ValueError(
-                    f"`clipping='freq'` needs `max_freq` of shape [B] = [{size}], got "
+                    f"`clipping={self.clipping!r}` needs `max_freq` of shape [B] = [{size}], got "
                     f"{None if max_freq is None else tuple(max_freq.shape)}; take it from TupleBatch.max_freq."
                 )
         self._state.pending = {"grads": grads, "max_freq": max_freq, "b": float(expected_batch_size)}
@@ -218,7 +218,7 @@ class DPOptimizer(Optimizer):
             mean_norm, dropped, clipped = stats.tolist()
         else:
             mean_norm, dropped, clipped = 0.0, 0.0, 0.0
-        dropped = int(dropped) if self.clipping != "none" else 0
+        dropped = int(dropped) if clipping_mode(self.clipping).private else 0
         self._state.last = {"tuples": float(norms.numel()), "mean_norm": mean_norm, "dropped": float(dropped)}
         if dropped:
             self._state.dropped_total += dropped

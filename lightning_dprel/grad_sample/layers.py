@@ -94,6 +94,7 @@ class LayerRule:
 
 
 _RULES: dict[type, LayerRule] = {}
+_BUILT_IN: set[type] = set()  # filled after the built-in rules are registered
 
 
 def register_layer_rule(layer_type: type, pieces: Callable[[nn.Module, Tensor, Tensor], Pieces],
@@ -101,6 +102,8 @@ def register_layer_rule(layer_type: type, pieces: Callable[[nn.Module, Tensor, T
                         broadcast_rows: bool = False, user_step: bool = True) -> LayerRule:
     """Cover ``layer_type`` by ghost clipping with ``pieces(layer, x, g)`` (see
     :class:`LayerRule`); returns the rule."""
+    if layer_type in _BUILT_IN:
+        raise ValueError(f"{layer_type.__name__} has the library's own rule; register a subclass instead.")
     rule = LayerRule(pieces, applies or (lambda module: True), broadcast_rows, user_step)
     _RULES[layer_type] = rule
     return rule
@@ -144,6 +147,7 @@ register_layer_rule(nn.Linear, _linear)
 register_layer_rule(nn.Embedding, _embedding, applies=_plain_embedding, broadcast_rows=True,
                     user_step=False)
 register_layer_rule(nn.LayerNorm, _layer_norm, user_step=False)
+_BUILT_IN.update(_RULES)
 
 
 def _work_dtype(t: Tensor) -> torch.dtype:

@@ -18,7 +18,7 @@ Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level), :data:`EDGE` (provab
   positives only through their count, and the tuples are exchangeable), per-tuple clipping to C, dense noise. Unit
   :data:`EDGE`: removing one relation removes exactly its own tuple (the held-out split hashes each relation alone
   and nothing is capped), so Δ = C and the step is the per-example Poisson sampled Gaussian
-  (:func:`~lightning_dprel.accounting.mechanisms.coupled.per_example_poisson_gaussian`, PLD and RDP).
+  (:func:`~lightning_dprel.accounting.mechanisms.per_example.per_example_poisson_gaussian`, PLD and RDP).
 * ``advsgm_paper`` — the paper's Theorem 7 as published (warns: that ε does not hold; the provable ε of the
   paper's pipeline is ∞). Per iteration (one positive and one negative update):
   ε_PSG(B/|E|)(α) + ε_PSG(Bk/|V|)(α), ε_PSG(q) the Poisson-subsampled Gaussian of Mironov et al. (2019) at rate q

@@ -54,7 +54,8 @@ def _freq_factors(norms: Tensor, clip_norm: float, max_freq: Tensor | None = Non
 
 
 FREQ = register_clipping(
-    Clipping("freq", _freq_factors, "tuple i clipped to C / (2·max-freq(T_i)) (Algorithm 1)")
+    Clipping("freq", _freq_factors, "tuple i clipped to C / (2·max-freq(T_i)) (Algorithm 1)",
+             needs_max_freq=True)
 )
 
 
