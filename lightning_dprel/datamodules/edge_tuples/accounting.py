@@ -197,10 +197,11 @@ register_mechanism(
 PUBLIC_NEGATIVES = "public_negatives"
 register_mechanism(
     PUBLIC_NEGATIVES, public_items_rdp, coupled=True, privacy_unit=NODE_PUBLIC_IDS,
-    label="standard, public negatives (Δ=C·i)", clipping=("standard",), accounting=PUBLIC_NEGATIVES,
+    label="standard, public negatives (Δ=C·i)", clipping=("standard",),
+    accounting=PUBLIC_NEGATIVES,
     pld=public_items_pld,
-    description="standard per-tuple clipping, negatives from public ids: Theorem C.1's mixture with "
-                "Δ=C·i (the negative-slot term vanishes)",
+    description="standard per-tuple clipping, negatives from public ids: Theorem C.1's mixture "
+                "with Δ=C·i (the negative-slot term vanishes)",
 )
 
 # What a module's (clipping, accounting) selects: FREQ-CLIP's two readings, and Theorem C.1 for

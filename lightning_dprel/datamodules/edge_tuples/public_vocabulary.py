@@ -34,7 +34,7 @@ __all__ = ["PublicVocabularyDataModule"]
 
 
 class PublicVocabularyDataModule(RelationalDataModule):
-    """:class:`RelationalDataModule` whose node ids and texts are declared public (Theorem C.1, j ≡ 0).
+    """:class:`RelationalDataModule` over node ids and texts declared public (Theorem C.1, j ≡ 0).
 
     Use it with ``DPRelationalModule(clipping="standard", accounting="public_negatives")``. Only the
     relations are protected: the node set, its count n and every node's text or features are taken

@@ -39,14 +39,14 @@ PRIVACY_UNIT = (
 ENTITY = register_privacy_unit(
     PrivacyUnit("entity", PRIVACY_UNIT, "entities", rows=True, delta_per_row=True)
 )
-#: One node's ≤ K capped relations, add/remove, over a public node set (ids and texts): the node keeps
-#: its public inputs (and any released per-node row) without edges, and negatives come from the
-#: public ids. Shared by AdvSGM's skip-gram and the relational method's public negatives.
+#: One node's ≤ K capped relations, add/remove, over a public node set (ids and texts): the node
+#: keeps its public inputs (and any released per-node row) without edges, and negatives come from
+#: the public ids. Shared by AdvSGM's skip-gram and the relational method's public negatives.
 NODE_PUBLIC_IDS = register_privacy_unit(PrivacyUnit(
     "node_public_ids",
-    "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node "
-    "ids and texts are public: the node keeps its public inputs (and any released row) without edges, "
-    "and negatives are drawn from the public id universe",
+    "one node with all its incident edges (node-level DP, add/remove its at most K capped "
+    "edges); node ids and texts are public: the node keeps its public inputs (and any "
+    "released row) without edges, and negatives are drawn from the public id universe",
     "nodes",
 ))
 

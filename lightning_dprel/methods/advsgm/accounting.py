@@ -1,8 +1,8 @@
 """AdvSGM's privacy units and mechanisms, registered on import (private adversarial skip-gram, Zhang et al.; spec:
 ``shared/spec/advsgm.md``).
 
-Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level; registered by the edge-tuple family, which the relational
-method's public negatives share), :data:`EDGE` (provable mode, edge level) and
+Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level; registered by the edge-tuple family,
+which the relational method's public negatives share), :data:`EDGE` (provable mode, edge level) and
 :data:`NODE_REPLACE` (the paper's claim, bounded DP).
 
 * ``skipgram_public_ids`` — the provable mode: Poisson positives at γ = b/m over the K-capped edges, each tuple an
