@@ -18,6 +18,7 @@ from lightning_dprel.core.discovery import import_methods
 from lightning_dprel.core.specs import NoiseSpec, SamplingSpec, privacy_unit
 from lightning_dprel.datamodules.datasets.nodes import SyntheticNodes
 from lightning_dprel.datamodules.edge_tuples.datamodule import RelationalDataModule
+from lightning_dprel.datamodules.edge_tuples.public_vocabulary import PublicVocabularyDataModule
 from lightning_dprel.datamodules.edge_tuples.link_batches import LinkPredictionDataModule
 from lightning_dprel.demos import random_feature_graph
 from lightning_dprel.methods.advsgm import (
@@ -43,6 +44,9 @@ def _prompt_dm() -> PromptDataModule:
 #: One tiny instance of every private datamodule the library ships that builds a SamplingSpec.
 FACTORIES: dict[type, Callable[[], Any]] = {
     RelationalDataModule: lambda: RelationalDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
+    PublicVocabularyDataModule: lambda: PublicVocabularyDataModule(
+        _graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0
+    ),
     LinkPredictionDataModule: lambda: LinkPredictionDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
     SkipGramDataModule: lambda: SkipGramDataModule(_graph(), max_degree=4, expected_batch_size=6, neg_per_pos=1, sampling_seed=0),
     EdgeSkipGramDataModule: lambda: EdgeSkipGramDataModule(_graph(), expected_batch_size=6, neg_per_pos=1, sampling_seed=0),

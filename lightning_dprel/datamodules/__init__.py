@@ -11,6 +11,7 @@ from lightning_dprel.core.lazy import lazy_exports
 _EXPORTS = {
     "lightning_dprel.datamodules.datasets.base": ("GraphPair", "GraphSource", "PyGSource"),
     "lightning_dprel.datamodules.edge_tuples.datamodule": ("RelationalDataModule",),
+    "lightning_dprel.datamodules.edge_tuples.public_vocabulary": ("PublicVocabularyDataModule",),
     "lightning_dprel.datamodules.edge_tuples.link_batches": ("LinkPredictionDataModule",),
     "lightning_dprel.datamodules.poisson": ("DPDataLoader",),
     "lightning_dprel.datamodules.edge_tuples.public": ("PublicRelations",),

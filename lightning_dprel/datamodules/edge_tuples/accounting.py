@@ -12,6 +12,9 @@ with that sampling:
   hold as stated: reproduces the paper, under-states ε).
 * ``standard`` — standard per-tuple clipping, Theorem C.1 (Δ = C(i + 2j)).
 * ``naive`` — the unamplified Gaussian bound α/(2σ²) of the paper's Figure 2.
+* ``public_negatives`` — standard clipping where the node set is public (unit ``node_public_ids``):
+  the negatives come from the public ids, so the coupled slot term vanishes and Δ = C·i
+  (:func:`public_items_rdp`, :func:`public_items_pld`).
 * the public-items mixture (Δ = C·i), which AdvSGM with public ids and entities & items register
   under their units.
 
@@ -31,7 +34,7 @@ from lightning_dprel.accounting.profiles import freq_corrected_profile, standard
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.clipping_modes import register_mechanism_choice
 from lightning_dprel.core.specs import SamplingSpec
-from lightning_dprel.datamodules.edge_tuples.spec import ENTITY, edge_tuples
+from lightning_dprel.datamodules.edge_tuples.spec import ENTITY, NODE_PUBLIC_IDS, edge_tuples
 
 __all__ = [
     "MECHANISMS",
@@ -41,6 +44,7 @@ __all__ = [
     "public_items_profile",
     "public_items_rdp",
     "public_items_pld",
+    "PUBLIC_NEGATIVES",
 ]
 
 #: The entity-level mechanisms of the paper, in the order reports list them.
@@ -187,6 +191,17 @@ register_mechanism(
     "naive", _naive, coupled=False, privacy_unit=ENTITY, label="naive Δ ≡ C, no amplification",
     warning=PAPER_EQ3_WARNING, stands_in_for=("freq_paper",),
     description="naive Gaussian bound α/(2σ²), no amplification by sampling (paper's Figure 2)",
+)
+
+#: Standard clipping over a public node set: Theorem C.1 without its negative-slot term.
+PUBLIC_NEGATIVES = "public_negatives"
+register_mechanism(
+    PUBLIC_NEGATIVES, public_items_rdp, coupled=True, privacy_unit=NODE_PUBLIC_IDS,
+    label="standard, public negatives (Δ=C·i)", clipping=("standard",),
+    accounting=PUBLIC_NEGATIVES,
+    pld=public_items_pld,
+    description="standard per-tuple clipping, negatives from public ids: Theorem C.1's mixture "
+                "with Δ=C·i (the negative-slot term vanishes)",
 )
 
 # What a module's (clipping, accounting) selects: FREQ-CLIP's two readings, and Theorem C.1 for

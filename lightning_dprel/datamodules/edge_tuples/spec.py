@@ -2,7 +2,10 @@
 
 Unit :data:`ENTITY`: one node with all its ≤ K capped relations, add/remove. It is the unit of every
 datamodule that samples coupled edge tuples (the relational method's, AdvSGM's with private ids), so
-it lives with that sampling and not with one method (methods never import each other). Detail
+it lives with that sampling and not with one method (methods never import each other). Unit
+:data:`NODE_PUBLIC_IDS`: the same removal where the node set (ids, texts) is public, so the node
+stays and only its ≤ K capped relations go (AdvSGM's skip-gram, the relational method's public
+negatives: one neighbouring relation, one unit). Detail
 :class:`EdgeTuples`: what the coupled sampling adds to a
 :class:`~lightning_dprel.core.specs.SamplingSpec` (n nodes, k negatives per positive), which its
 mechanisms read.
@@ -26,7 +29,7 @@ from lightning_dprel.core.specs import (
     register_sampling_detail,
 )
 
-__all__ = ["PRIVACY_UNIT", "ENTITY", "EdgeTuples", "edge_tuples"]
+__all__ = ["PRIVACY_UNIT", "ENTITY", "NODE_PUBLIC_IDS", "EdgeTuples", "edge_tuples"]
 
 #: The privacy unit of the relational method (the entity): what neighbouring graphs differ by.
 PRIVACY_UNIT = (
@@ -36,6 +39,16 @@ PRIVACY_UNIT = (
 ENTITY = register_privacy_unit(
     PrivacyUnit("entity", PRIVACY_UNIT, "entities", rows=True, delta_per_row=True)
 )
+#: One node's ≤ K capped relations, add/remove, over a public node set (ids and texts): the node
+#: keeps its public inputs (and any released per-node row) without edges, and negatives come from
+#: the public ids. Shared by AdvSGM's skip-gram and the relational method's public negatives.
+NODE_PUBLIC_IDS = register_privacy_unit(PrivacyUnit(
+    "node_public_ids",
+    "one node with all its incident edges (node-level DP, add/remove its at most K capped "
+    "edges); node ids and texts are public: the node keeps its public inputs (and any "
+    "released row) without edges, and negatives are drawn from the public id universe",
+    "nodes",
+))
 
 
 @register_sampling_detail

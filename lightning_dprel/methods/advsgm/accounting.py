@@ -1,7 +1,8 @@
 """AdvSGM's privacy units and mechanisms, registered on import (private adversarial skip-gram, Zhang et al.; spec:
 ``shared/spec/advsgm.md``).
 
-Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level), :data:`EDGE` (provable mode, edge level) and
+Units: :data:`NODE_PUBLIC_IDS` (provable mode, node level; registered by the edge-tuple family,
+which the relational method's public negatives share), :data:`EDGE` (provable mode, edge level) and
 :data:`NODE_REPLACE` (the paper's claim, bounded DP).
 
 * ``skipgram_public_ids`` — the provable mode: Poisson positives at γ = b/m over the K-capped edges, each tuple an
@@ -46,7 +47,7 @@ from lightning_dprel.accounting.mechanisms.per_example import (
 from lightning_dprel.datamodules.edge_tuples.accounting import (
     public_items_pld, public_items_profile, public_items_rdp,
 )
-from lightning_dprel.datamodules.edge_tuples.spec import EdgeTuples, edge_tuples
+from lightning_dprel.datamodules.edge_tuples.spec import NODE_PUBLIC_IDS, EdgeTuples, edge_tuples
 from lightning_dprel.accounting.orders import DEFAULT_ORDERS
 from lightning_dprel.accounting.registry import check_noise_multiplier, check_step_count, register_mechanism
 from lightning_dprel.core.checks import check_choice
@@ -57,12 +58,6 @@ __all__ = [
     "advsgm_paper_epsilon", "advsgm_paper_stop_iteration", "STOP_RULES",
 ]
 
-NODE_PUBLIC_IDS = register_privacy_unit(PrivacyUnit(
-    "node_public_ids",
-    "one node with all its incident edges (node-level DP, add/remove its at most K capped edges); node ids are public: "
-    "the node keeps its (released) embedding row without edges, and negatives are drawn from the public id universe",
-    "nodes",
-))
 EDGE = register_privacy_unit(PrivacyUnit(
     "edge",
     "one relation (an undirected edge) added or removed (edge-level DP); node ids are public. It protects whether one "

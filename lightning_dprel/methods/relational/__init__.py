@@ -10,5 +10,6 @@ from lightning_dprel.core.lazy import lazy_exports
 _EXPORTS = {
     "lightning_dprel.methods.relational.module": ("DPRelationalModule",),
     "lightning_dprel.datamodules.edge_tuples.datamodule": ("RelationalDataModule",),
+    "lightning_dprel.datamodules.edge_tuples.public_vocabulary": ("PublicVocabularyDataModule",),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

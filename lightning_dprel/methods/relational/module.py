@@ -83,7 +83,9 @@ class DPRelationalModule(EmbedAndRank, PrivateModule):
             lr: learning rate of the wrapped optimizer.
             weight_decay: weight decay of the wrapped optimizer.
             clipping: ``"freq"`` (Algorithm 1), ``"standard"`` or ``"none"`` (baseline, needs σ = 0).
-            accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or ``"paper"`` (Eq. 3).
+            accounting: for FREQ-CLIP, ``"corrected"`` (default, sensitivity profile Δ_freq) or
+                ``"paper"`` (Eq. 3); ``"public_negatives"`` for standard clipping over a public node set
+                (``PublicVocabularyDataModule``).
             clip_norm: C.
             noise_multiplier: σ (the privacy callback may calibrate it via :meth:`set_noise_multiplier`).
             noise_seed: None (default): the noise comes from a secret keyed CSPRNG stream
