@@ -17,7 +17,7 @@ from test_unit_declared_once import FACTORIES
 pytestmark = pytest.mark.filterwarnings("ignore:.*(seed|paper|does not have many workers).*")
 
 FAMILY = {"RelationalDataModule": TupleBatch, "SkipGramDataModule": TupleBatch, "PrivateIdsSkipGramDataModule": TupleBatch,
-          "EdgeSkipGramDataModule": TupleBatch,
+          "EdgeSkipGramDataModule": TupleBatch, "PublicVocabularyDataModule": TupleBatch,
           "AdvSGMPaperDataModule": TupleBatch, "NodeSplitDataModule": ExampleBatch, "PrivateNodeExamples": ExampleBatch,
           "LinkPredictionDataModule": LinkBatch, "EntityItemDataModule": dict}
 #: Batches in PyG's shape for a user's own module: a ``Data`` (LinkBatch: no ``edge_index``) that carries b and the
