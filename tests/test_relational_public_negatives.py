@@ -154,6 +154,7 @@ def test_a_public_node_set_refuses_the_entity_mechanisms():
     assert module.privacy_ledger.steps == 0
 
 
+@pytest.mark.slow
 def test_a_fit_with_public_negatives_is_charged_to_its_mechanism_at_less_noise():
     dm = PublicVocabularyDataModule(
         random_feature_graph(300, 900, dim=16, seed=0), **_data_kwargs()
