@@ -24,27 +24,18 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from utility import _setup_worker  # noqa: E402 - the benchmarks' one worker set-up
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ACCOUNTINGS = ("standard", "public_negatives")
 JOB = dict(b=1024.0, k=1, K=5, steps=500, lr=3e-3, clip=5.0, margin=8.0, tau=0.05, every=50, delta=1e-5,
            warm_steps=300, queries=2000)
-
-
-def _worker() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    warnings.filterwarnings("ignore")
-    import logging
-
-    import torch
-
-    torch.set_num_threads(1)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 
 
 def _datamodule(accounting: str, seed: int, public: bool):
@@ -67,7 +58,7 @@ def _datamodule(accounting: str, seed: int, public: bool):
 
 def run(job: dict) -> dict:
     """One run: base (no training) or a private fit at ε, with or without the public warm start."""
-    _worker()
+    _setup_worker()
     import pytorch_lightning as pl
 
     from lightning_dprel.callbacks import PrivacyCallback, PublicWarmStart, ValidationSelection
@@ -161,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "relational_public_negatives.json"))
     a = ap.parse_args(argv)
     start = time.time()
-    _worker()
+    _setup_worker()
     _datamodule("standard", 0, True).setup("fit")  # embeddings once (cached for the workers)
     todo = jobs(a.seeds, a.epsilons)[: a.runs]
     out = Path(a.out)
