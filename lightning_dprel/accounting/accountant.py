@@ -125,9 +125,14 @@ class Accountant:
         self._pld_ok = self.accountant == "pld"
         self._pld_cache: dict[tuple, Any] = {}
 
+    def _count(self, run: tuple | None, n: int) -> int:
+        """Per-step curves ``n`` steps of ``run`` compose (the mechanism's ``compositions``; n for most)."""
+        fn = None if run is None or not n else get_mechanism(run[0]).compositions
+        return n if fn is None else int(fn(run[1], n))
+
     def _close_run(self) -> None:
         if self._run is not None and self._run_count:
-            self._closed = self._closed + self._run_count * self._run_rdp
+            self._closed = self._closed + self._count(self._run, self._run_count) * self._run_rdp
             if self._pld_ok:
                 self._pld_pending.append((self._run, self._run_count))
         self._pld_cache = {}
@@ -164,7 +169,7 @@ class Accountant:
 
     def rdp(self) -> np.ndarray:
         """The composed RDP curve over :attr:`orders` (a copy)."""
-        return self._closed + self._run_count * self._run_rdp
+        return self._closed + self._count(self._run, self._run_count) * self._run_rdp
 
     @property
     def has_pld(self) -> bool:
@@ -267,8 +272,8 @@ class Accountant:
     def _rdp_after(self, run: tuple, n: int) -> np.ndarray:
         name, sampling, sigma = run
         if self._run == run:
-            return self._closed + (self._run_count + n) * self._run_rdp
-        return self.rdp() + n * _lookup(name, sampling, sigma, self._key)
+            return self._closed + self._count(run, self._run_count + n) * self._run_rdp
+        return self.rdp() + self._count(run, n) * _lookup(name, sampling, sigma, self._key)
 
     def _run_pld(self, run: tuple) -> Any:
         name, sampling, sigma = run
@@ -282,7 +287,7 @@ class Accountant:
             self._pld_prefix = identity_pld(self._interval or VALUE_DISCRETIZATION)
         while self._pld_pending:
             run, count = self._pld_pending.pop(0)
-            self._pld_prefix = self._pld_prefix.compose(self_composed(self._run_pld(run), count))
+            self._pld_prefix = self._pld_prefix.compose(self_composed(self._run_pld(run), self._count(run, count)))
         return self._pld_prefix
 
     def _pld_at(self, delta: float, count: int) -> float:
@@ -291,7 +296,7 @@ class Accountant:
         if key not in self._pld_cache:
             pld = self._prefix()
             if count:
-                pld = pld.compose(self_composed(self._run_pld(self._run), count))
+                pld = pld.compose(self_composed(self._run_pld(self._run), self._count(self._run, count)))
             self._pld_cache[key] = pld_epsilon(pld, delta)
         return self._pld_cache[key]
 
@@ -307,10 +312,10 @@ class Accountant:
             if head is None:
                 head = self._prefix()
                 if self._run is not None:
-                    head = head.compose(self_composed(self._run_pld(self._run), self._run_count))
+                    head = head.compose(self_composed(self._run_pld(self._run), self._count(self._run, self._run_count)))
                 self._pld_cache = {k: v for k, v in self._pld_cache.items() if k[0] != "head"}
                 self._pld_cache[("head", self._run_count)] = head
-            self._pld_cache[key] = pld_epsilon(head.compose(self_composed(self._run_pld(run), n)), delta)
+            self._pld_cache[key] = pld_epsilon(head.compose(self_composed(self._run_pld(run), self._count(run, n))), delta)
         return self._pld_cache[key]
 
     def __repr__(self) -> str:

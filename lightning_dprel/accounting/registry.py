@@ -59,6 +59,8 @@ class Mechanism:
             in ``docs/accounting.md`` (:mod:`lightning_dprel.accounting.pld`); None: only the RDP bound exists.
         check_sampling: a fit's SamplingSpec → None, raising ``ValueError`` where the data break the bound's premise
             (e.g. a degree cap under an edge-level bound); run with the unit check when a fit starts.
+        compositions: (SamplingSpec, n) → how many per-step curves a run of n consecutive steps composes (None: n);
+            e.g. ⌈n/b⌉ for banded noise under b-min-sep sampling. Such a run is one fit: a ledger refuses a second.
     """
 
     name: str
@@ -74,6 +76,7 @@ class Mechanism:
     needs_sampling: bool = True
     pld: "Callable[..., Any] | None" = None
     check_sampling: "Callable[[SamplingSpec], None] | None" = None
+    compositions: "Callable[[SamplingSpec, int], int] | None" = None
 
     @property
     def privacy_unit(self) -> str:
@@ -92,6 +95,7 @@ def register_mechanism(
     clipping: tuple[str, ...] = (), accounting: str | None = None, warning: str | None = None,
     stands_in_for: tuple[str, ...] = (), needs_sampling: bool = True, pld: "Callable[..., Any] | None" = None,
     check_sampling: "Callable[[SamplingSpec], None] | None" = None,
+    compositions: "Callable[[SamplingSpec, int], int] | None" = None,
 ) -> Mechanism:
     """Add a mechanism to the registry (and clear the per-step cache).
 
@@ -122,7 +126,7 @@ def register_mechanism(
     unit = None if privacy_unit is None else as_unit(privacy_unit)
     mech = Mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
-        bool(needs_sampling), pld, check_sampling,
+        bool(needs_sampling), pld, check_sampling, compositions,
     )
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()

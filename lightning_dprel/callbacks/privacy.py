@@ -32,6 +32,7 @@ from lightning_dprel.callbacks.checks import (
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
 from lightning_dprel.callbacks.attach import attach_arguments, close_layer, open_layer, privacy_layer, saved_ledger_of, watch_updates
+from lightning_dprel.callbacks.correlated import install_noise, noise_mode
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -67,6 +68,8 @@ class PrivacyCallback(Callback):
             refused if a model owns another C), σ (default 1.0; ``calibrate=True`` replaces it), and
             whether its training logs (computed without noise) are kept.
         allow_large_delta: report a δ with n·δ ≥ 1 (refused otherwise: one unit could be released outright).
+        noise, bands, coefficients: ``"independent"`` (DP-SGD) or ``"banded"`` (b-banded MF on ``DPDataLoader(...,
+            partitions=b)``, :mod:`~lightning_dprel.callbacks.correlated`; c: the optimal for the planned steps).
 
     Attributes:
         accountant: an :class:`Accountant` over the model's ledger (``None`` before the first fit starts).
@@ -101,6 +104,7 @@ class PrivacyCallback(Callback):
         noise_multiplier: Optional[float] = None,
         log_private_metrics: bool = False,
         allow_large_delta: bool = False,
+        noise: str = "independent", bands: Optional[int] = None, coefficients: Optional[Sequence[float]] = None,
     ) -> None:
         super().__init__()
         target_epsilon, delta = check_arguments(target_epsilon, delta, mechanism, calibrate, sampling_spec)
@@ -113,7 +117,7 @@ class PrivacyCallback(Callback):
         self.orders = None if orders is None else tuple(float(a) for a in orders)
         self.accountant_kind = check_accountant(accountant)
         self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
-        self._allow_large_delta = bool(allow_large_delta)
+        self._allow_large_delta, self._noise_mode = bool(allow_large_delta), noise_mode(noise, bands, coefficients)
 
         self.mechanism, self.delta = mechanism, delta
         self.noise_multiplier: Optional[float] = None
@@ -195,6 +199,7 @@ class PrivacyCallback(Callback):
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
         open_layer(trainer, pl_module, layer, keep_logs=self._log_private)  # sampler, hooks, logs
+        install_noise(trainer, layer, self._noise_mode)  # banded correlated noise, before step 1
         sampling, noise = self._read_facts(trainer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
@@ -344,22 +349,17 @@ class PrivacyCallback(Callback):
         if not stop:
             return
         if self.steps == 0:
-            raise ValueError(
-                f"PrivacyCallback: target_epsilon={self.target_epsilon} is below the ε of a single step "
-                f"({next_eps:.6g} at δ = {self.delta:.3g}, σ = {sigma:.6g}, "
-                f"{ACCOUNTING_LABELS[self.mechanism]}). Raise target_epsilon or the module's noise_multiplier, "
-                "or use calibrate=True."
-            )
+            raise ValueError(f"PrivacyCallback: target_epsilon={self.target_epsilon} is below the ε of a single step "
+                             f"({next_eps:.6g} at δ = {self.delta:.3g}, σ = {sigma:.6g}, {ACCOUNTING_LABELS[self.mechanism]}"
+                             "). Raise target_epsilon or the module's noise_multiplier, or use calibrate=True.")
         self._set_stop(trainer, next_eps)
 
     def _set_stop(self, trainer: "pl.Trainer", next_eps: float) -> None:
         trainer.should_stop = True
         if self.stopped_step is None or self.stopped_step != self.steps:
             self.stopped_step = self.steps
-            rank_zero_info(
-                f"PrivacyCallback: stopping after {self.steps} steps at ε = {self.epsilon:.6g}; the next step "
-                f"would reach ε = {next_eps:.6g} > target_epsilon = {self.target_epsilon}."
-            )
+            rank_zero_info(f"PrivacyCallback: stopping after {self.steps} steps at ε = {self.epsilon:.6g}; the next step "
+                           f"would reach ε = {next_eps:.6g} > target_epsilon = {self.target_epsilon}.")
 
     def _summary_line(self) -> str:
         if self.mechanism is None:  # releases that are not optimizer steps

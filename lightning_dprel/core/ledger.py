@@ -81,6 +81,13 @@ class PrivacyLedger:
                 f"Privacy unit mismatch: this model's ledger charged releases for the unit {unit!r}; the new data is "
                 f"sampled for {sampling.privacy_unit!r}. One ledger composes releases for one unit only."
             )
+        spent = self.private_mechanism
+        if spent is not None and get_mechanism(spent).compositions is not None:  # composed per run (⌈n/b⌉): one fit
+            raise ValueError(
+                f"This model already took {self.private_steps} steps accounted with {spent!r}, whose steps compose per "
+                "run (banded correlated noise: the sampler's partitions and the noise start afresh in each fit), so a "
+                "second fit or a resume is refused. Train it in one fit, or start from a fresh model."
+            )
         self.sampling = sampling
         self._sample, self._sample_records = None, []
         self._checked = None

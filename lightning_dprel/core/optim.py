@@ -8,7 +8,8 @@ per-tuple gradients and runs, in order:
 3. :meth:`DPOptimizer.all_reduce` — sum over ranks when ``torch.distributed`` is initialised;
 4. :meth:`DPOptimizer.add_noise` — N(0, σ²C²I) once per step, the same on every rank (so the noise is
    drawn once globally and parameters stay identical), from a keyed CSPRNG stream
-   (:class:`~lightning_dprel.core.randomness.KeyedStream`; rank 0's key on every rank);
+   (:class:`~lightning_dprel.core.randomness.KeyedStream`; rank 0's key on every rank); or banded correlated
+   noise w = C⁻¹z (:meth:`DPOptimizer.set_correlated_noise`, :mod:`~lightning_dprel.core.correlated_noise`);
 5. :meth:`DPOptimizer.scale` — divide by the *expected* batch size b, never the realised one;
 6. the wrapped optimizer steps, then every step hook receives the :class:`~lightning_dprel.core.events.StepRecord`
    of what was done (σ and C the noise was drawn with, clipping, b), as Opacus's optimizer feeds its accountant.
@@ -26,9 +27,8 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_dprel.core.clipping import clipping_mode, factors_from_norms
+from lightning_dprel.core.correlated_noise import BandedNoise, refuse_resume
 from lightning_dprel.core.diagnostics import norm_stats, sum_stats, update_norm
 from lightning_dprel.core.events import StepRecord
 from lightning_dprel.grad_sample.base import MaterializedGrads, TupleGradients
@@ -74,12 +75,8 @@ class DPOptimizer(Optimizer):
         diagnostics: also record per step (in :attr:`last_step_stats`) norm quantiles, the clipped/unclipped cosine,
             the norms of the sum, noise and update: computed without noise, **outside the guarantee**, never released.
 
-    Example::
-
-        dp = DPOptimizer(torch.optim.Adam(params.values()), named_params=params,
-                         noise_multiplier=1.0, clip_norm=1.0, clipping="standard")
-        dp.record(per_tuple.grads, max_freq=batch.max_freq, expected_batch_size=batch.expected_batch_size)
-        dp.step()
+    Example: ``dp = DPOptimizer(Adam(params.values()), named_params=params, noise_multiplier=1.0, clip_norm=1.0,
+    clipping="standard"); dp.record(grads, max_freq=None, expected_batch_size=b); dp.step()``.
     """
 
     def __init__(
@@ -98,20 +95,15 @@ class DPOptimizer(Optimizer):
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"`optimizer` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-        opt_ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        named_ids = {id(p) for p in named_params.values()}
+        opt_ids, named_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}, {id(p) for p in named_params.values()}
         if opt_ids != named_ids:
-            raise ValueError(
-                "`named_params` must hold exactly the parameters of the wrapped optimizer "
-                f"({len(named_ids)} named vs {len(opt_ids)} in the optimizer); build both from the same dict."
-            )
+            raise ValueError("`named_params` must hold exactly the parameters of the wrapped optimizer "
+                             f"({len(named_ids)} named vs {len(opt_ids)} in the optimizer); build both from the same dict.")
         self.original_optimizer = optimizer
         self.named_params = OrderedDict(named_params)
         if noise is not None and not isinstance(noise, KeyedStream):
-            raise TypeError(
-                f"`noise` must be a lightning_dprel.core.randomness.KeyedStream, got {type(noise).__name__}; torch "
-                "generators are refused because a released model reveals their output (issue 11)."
-            )
+            raise TypeError(f"`noise` must be a lightning_dprel.core.randomness.KeyedStream, got {type(noise).__name__}; "
+                            "torch generators are refused because a released model reveals their output (issue 11).")
         if noise_spec is None:
             if noise_multiplier is None or clip_norm is None or clipping is None:
                 raise TypeError("DPOptimizer needs `noise_spec`, or `noise_multiplier`, `clip_norm` and `clipping`.")
@@ -120,6 +112,7 @@ class DPOptimizer(Optimizer):
             raise TypeError(f"`noise_spec` must be a NoiseSpec, got {type(noise_spec).__name__}.")
         self.noise_spec = noise_spec  # σ and C live here once the optimizer exists
         self.noise = noise if noise is not None else KeyedStream.secret("noise")
+        self.correlation: BandedNoise | None = None  # banded correlated noise (core/correlated_noise.py), or None
         self.process_group = process_group
         self.diagnostics = bool(diagnostics)
         self._state = _Pending()
@@ -161,6 +154,14 @@ class DPOptimizer(Optimizer):
         """Clip and noise later steps' k coordinates on a PUBLIC subspace (GEP, :mod:`~lightning_dprel.core.subspace`); None: all."""
         self.subspace = check_subspace(subspace, self.named_params)
 
+    def set_correlated_noise(self, correlation: BandedNoise | None) -> None:
+        """Release g_t + w_t, w = C⁻¹z (banded MF, before step 1), accounted with its mechanism; None: independent noise."""
+        if (correlation is not None and not isinstance(correlation, BandedNoise)) or (self.correlation and self.correlation.steps):
+            raise TypeError(f"`correlation` must be a BandedNoise or None, set before step 1, got {correlation!r}.")
+        self.correlation = correlation
+        if correlation is not None:
+            self.noise_spec = replace(self.noise_spec, accounting=correlation.mechanism)
+
     def set_noise_multiplier(self, sigma: float) -> None:
         """Change σ from the next step on (each step's record carries the σ its noise was drawn with)."""
         self.noise_spec = replace(self.noise_spec, noise_multiplier=float(sigma))
@@ -196,9 +197,7 @@ class DPOptimizer(Optimizer):
             if tuple(shapes[name]) != tuple(p.shape):
                 raise ValueError(f"Per-tuple gradient `{name}` has shape {(grads.size,) + tuple(shapes[name])}, expected [B, *{tuple(p.shape)}].")
         if isinstance(expected_batch_size, bool) or not float(expected_batch_size) > 0.0:
-            raise ValueError(
-                f"`expected_batch_size` must be > 0 (b = γ·m from the datamodule), got {expected_batch_size!r}."
-            )
+            raise ValueError(f"`expected_batch_size` must be > 0 (b = γ·m from the datamodule), got {expected_batch_size!r}.")
         size = grads.size
         if clipping_mode(self.clipping).needs_max_freq:
             if max_freq is None or max_freq.shape != (size,):
@@ -259,10 +258,11 @@ class DPOptimizer(Optimizer):
         the device still computes the norms.
         """
         std = self.noise_multiplier * self.clip_norm if self.noise_multiplier > 0.0 else 0.0
-        if std == 0.0:
-            return None
+        if std == 0.0:  # banded noise refuses σ = 0 (nothing to amplify)
+            return None if self.correlation is None else self.correlation.correlate(torch.zeros(0), std, self.noise_spec.mechanism)
         total = self.subspace.dim if self.subspace is not None else sum(p.numel() for p in self.named_params.values())
         noise = self.noise.normal(total, std, dtype=torch.float32)
+        noise = noise if self.correlation is None else self.correlation.correlate(noise, std, self.noise_spec.mechanism)  # w_t = C⁻¹z
         return noise if device is None else noise.to(device, non_blocking=True)
 
     def add_noise(self, summed: dict[str, Tensor], noise: Tensor | None | str = "draw") -> dict[str, Tensor]:
@@ -347,12 +347,14 @@ class DPOptimizer(Optimizer):
             "optimizer": self.original_optimizer.state_dict(),
             "noise": self.noise.state_dict(),
             "noise_spec": self.noise_spec.to_dict(),
+            **({} if self.correlation is None else {"correlation": self.correlation.state_dict()}),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
-        for key in ("optimizer", "noise", "noise_spec"):
-            if key not in state_dict:
-                raise ValueError(f"DPOptimizer.load_state_dict: missing key {key!r} (got {sorted(state_dict)}).")
+        missing = [key for key in ("optimizer", "noise", "noise_spec") if key not in state_dict]
+        if missing:
+            raise ValueError(f"DPOptimizer.load_state_dict: missing key {missing[0]!r} (got {sorted(state_dict)}).")
+        refuse_resume(state_dict.get("correlation"))  # a banded run's previous w's are not saved
         saved = NoiseSpec(**state_dict["noise_spec"])
         if saved.clipping != self.clipping:
             raise ValueError(
@@ -364,7 +366,5 @@ class DPOptimizer(Optimizer):
         self.noise_spec = saved
 
     def __repr__(self) -> str:
-        return (
-            f"DPOptimizer(clipping={self.clipping!r}, noise_multiplier={self.noise_multiplier}, "
-            f"clip_norm={self.clip_norm}, optimizer={type(self.original_optimizer).__name__})"
-        )
+        return (f"DPOptimizer(clipping={self.clipping!r}, noise_multiplier={self.noise_multiplier}, "
+                f"clip_norm={self.clip_norm}, optimizer={type(self.original_optimizer).__name__})")

@@ -170,6 +170,11 @@ class PrivacyLayer(ABC):
         self.privacy_ledger.open(sampling)
         if noise is not None:
             self.privacy_ledger.check_mechanism(noise.mechanism, noise.clipping)
+        banded = getattr(self._dp_optimizer, "correlation", None)
+        if banded is not None and sampling is not None:  # the sampler's partitions must be the noise's bands
+            from lightning_dprel.accounting.mechanisms.banded import check_cyclic_sampling
+
+            check_cyclic_sampling(sampling, banded.bands)
         self._fit_opened = True
         self.charge_data_releases(self._trainer.datamodule)
 

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from lightning_dprel.accounting.mechanisms.banded import CyclicPoisson
 from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.example_views import TensorRows, empty_like_rows
 from lightning_dprel.core.per_example_data import PerExampleCollate
@@ -36,26 +37,39 @@ def _world() -> tuple[int, int]:
 
 
 class PoissonSampledBatches(IterableDataset):
-    """An epoch of ⌈N/b⌉ Poisson samples of ``dataset`` at rate q = b/N, collated (this rank's share under DDP)."""
+    """An epoch of ⌈N/b⌉ Poisson samples of ``dataset`` at rate q = b/N, collated (this rank's share under DDP).
+
+    With ``partitions`` P (cyclic Poisson, b-min-sep; Choquette-Choo et al. 2023, Section 4): row i is in partition
+    i mod P (its index is its identity), draw t samples partition t mod P at rate p = b/⌈N/P⌉, so a row takes part
+    only in draws P apart; an epoch is P·⌈1/p⌉ draws."""
 
     def __init__(self, dataset: Dataset, expected_batch_size: float, collate_fn: Callable[[list], Any],
-                 stream: KeyedStream) -> None:
+                 stream: KeyedStream, partitions: int | None = None) -> None:
         self.dataset, self.collate_fn, self.stream = dataset, collate_fn, stream
         self.num_examples = check_int("len(dataset)", len(dataset), 1)  # type: ignore[arg-type]
+        self.partitions = None if partitions is None else check_int("partitions", partitions, 1)
+        if self.partitions is not None and self.partitions > self.num_examples:
+            raise ValueError(f"`partitions` must be at most N = {self.num_examples}, got {self.partitions}.")
+        self.population = math.ceil(self.num_examples / (self.partitions or 1))  # the rows one draw samples from
         b = float(expected_batch_size)
-        if not 0.0 < b <= self.num_examples:
-            raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, N = {self.num_examples}], got {b}.")
-        self.expected_batch_size, self.sampling_rate = b, b / self.num_examples
+        if not 0.0 < b <= self.population:
+            raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, {self.population}] (N = "
+                             f"{self.num_examples}, {self.partitions or 1} partitions), got {b}.")
+        self.expected_batch_size, self.sampling_rate = b, b / self.population
         self.draws = 0  # samples drawn so far: the stream's path, so no (key, path) pair is ever drawn twice
         #: A TensorDataset with the default collate: index its tensors at once (picklable, for ddp_spawn).
         self.indexes_tensors = isinstance(dataset, TensorDataset) and collate_fn is default_collate
 
     def __len__(self) -> int:
-        return math.ceil(1.0 / self.sampling_rate)
+        return math.ceil(1.0 / self.sampling_rate) * (self.partitions or 1)
 
     def indices(self, draw: int) -> torch.Tensor:
-        """The global sample of draw ``draw``: each row kept with probability q."""
-        return torch.nonzero(self.stream.child(draw, "rows").uniform(self.num_examples) < self.sampling_rate).view(-1)
+        """The global sample of draw ``draw``: each row (of partition ``draw`` mod P, if partitioned) kept with
+        probability q."""
+        kept = self.stream.child(draw, "rows").uniform(self.num_examples) < self.sampling_rate
+        if self.partitions is not None:
+            kept &= torch.arange(self.num_examples) % self.partitions == draw % self.partitions
+        return torch.nonzero(kept).view(-1)
 
     def __iter__(self) -> Iterator[Any]:
         for _ in range(len(self)):
@@ -81,6 +95,9 @@ class DPDataLoader(DataLoader):
             examples: batch normalisation, mixup) is refused at the first batch.
         seed: None (default: secret key from the OS) or a public seed (reproducible, voids the guarantee, warns).
         pin_memory: as ``DataLoader``'s.
+        partitions: P for cyclic Poisson (b-min-sep) sampling, which banded correlated noise needs
+            (``PrivacyCallback(noise="banded", bands=P)``): row i in partition i mod P, draw t samples partition t mod P;
+            ``batch_size`` is then the expected batch of one draw. None (default): plain Poisson over all rows.
 
     Example::
 
@@ -88,7 +105,7 @@ class DPDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: Dataset, batch_size: float, *, collate_fn: Callable[[list], Any] | None = None,
-                 seed: int | None = None, pin_memory: bool = False, **kwargs: Any) -> None:
+                 seed: int | None = None, pin_memory: bool = False, partitions: int | None = None, **kwargs: Any) -> None:
         bad = sorted(k for k in kwargs if k not in ("batch_sampler", "sampler", "shuffle", "num_workers", "drop_last"))
         if bad:
             raise TypeError(f"DPDataLoader got unexpected arguments {bad}.")
@@ -106,7 +123,7 @@ class DPDataLoader(DataLoader):
             warnings.warn(SEEDED_WARNING.format(what=f"DPDataLoader(seed={seed})"), UserWarning, stacklevel=2)
         stream = KeyedStream.secret("poisson_rows") if seed is None else KeyedStream.seeded(seed, "poisson_rows", warn=False)
         collate = default_collate if collate_fn in (None, default_collate) else PerExampleCollate(collate_fn)
-        self.batches = PoissonSampledBatches(dataset, batch_size, collate, stream)
+        self.batches = PoissonSampledBatches(dataset, batch_size, collate, stream, partitions)
         super().__init__(self.batches, batch_size=None, pin_memory=pin_memory)
         self.example_view = TensorRows()
 
@@ -116,8 +133,10 @@ class DPDataLoader(DataLoader):
 
     @property
     def sampling_spec(self) -> SamplingSpec:
-        """What the accountant charges: Poisson rate q = b/N over N examples, one per unit (K = 1, no negatives)."""
+        """What the accountant charges: Poisson rate q = b/N over N examples, one per unit (K = 1, no negatives); with
+        partitions, rate p over the largest partition and the :class:`CyclicPoisson` detail."""
         n, s = self.batches.num_examples, self.batches
-        return SamplingSpec(population=n, sampling_rate=s.sampling_rate,
+        detail = None if s.partitions is None else CyclicPoisson(s.partitions)
+        return SamplingSpec(population=s.population, sampling_rate=s.sampling_rate,
                             expected_batch_size=s.expected_batch_size, steps_per_epoch=len(s),
-                            privacy_unit=EXAMPLE, num_units=n)
+                            privacy_unit=EXAMPLE, num_units=n, detail=detail)

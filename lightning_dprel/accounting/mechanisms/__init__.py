@@ -1,7 +1,8 @@
 """The generic mechanisms, registered on import (and the registry's API, re-exported).
 
 * :mod:`.per_example` — the per-example ``poisson_gaussian`` (the core's unit ``example``);
-* :mod:`.releases` — ``gaussian`` (a noised statistic, not an optimizer step).
+* :mod:`.releases` — ``gaussian`` (a noised statistic, not an optimizer step);
+* :mod:`.banded` — ``banded_poisson_gaussian`` (banded correlated noise under cyclic Poisson sampling).
 
 A method's own mechanisms and units are registered by its package
 (``lightning_dprel/methods/<m>/accounting.py``, imported by the package; the coupled edge-tuple
@@ -17,6 +18,6 @@ from lightning_dprel.accounting.mechanisms.per_example import (  # noqa: F401
     EXAMPLE_PRIVACY_UNIT,
     per_example_poisson_gaussian,
 )
-from lightning_dprel.accounting.mechanisms import releases  # noqa: F401
+from lightning_dprel.accounting.mechanisms import banded, releases  # noqa: F401
 
 __all__ = [*_registry_all, "EXAMPLE_PRIVACY_UNIT", "per_example_poisson_gaussian"]

@@ -1,0 +1,82 @@
+"""The privacy callback's noise mode: independent Gaussian noise (DP-SGD), or banded correlated noise (banded MF).
+
+``PrivacyCallback(noise="banded", bands=b)`` gives the model's one DP optimizer a
+:class:`~lightning_dprel.core.correlated_noise.BandedNoise` before step 1, with the user's coefficients or the optimal
+ones for the planned steps, after checking that the training data is drawn by the sampler the amplification is proven
+for: a ``DPDataLoader(..., partitions=b)`` (cyclic Poisson, one example per unit). Any other sampler is refused here,
+naming it; the ledger then accounts the run with ``banded_poisson_gaussian`` (⌈T/b⌉ Poisson Gaussian compositions).
+
+References:
+    Choquette-Choo et al. (Amplified) Banded Matrix Factorization, NeurIPS 2023 (arXiv 2306.08153), Section 4.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from lightning_dprel.accounting.mechanisms.banded import check_cyclic_sampling
+from lightning_dprel.core.checks import check_int
+from lightning_dprel.core.correlated_noise import BandedNoise, check_coefficients
+from lightning_dprel.core.optim import DPOptimizer
+
+__all__ = ["NOISE_MODES", "noise_mode", "install_noise"]
+
+#: The callback's noise modes.
+NOISE_MODES = ("independent", "banded")
+
+
+def noise_mode(noise: str, bands: Optional[int], coefficients: Optional[Sequence[float]]) -> Optional[dict[str, Any]]:
+    """The callback's noise arguments, checked: None for independent noise, else the banded mode's bands and c."""
+    if noise not in NOISE_MODES:
+        raise ValueError(f"`noise` must be one of {NOISE_MODES}, got {noise!r}.")
+    if noise == "independent":
+        if bands is not None or coefficients is not None:
+            raise ValueError("`bands` and `coefficients` are for noise='banded'; pass noise='banded' or drop them.")
+        return None
+    if bands is None:
+        raise ValueError("noise='banded' needs `bands` (b ≥ 1, the partitions of DPDataLoader(..., partitions=b)).")
+    bands = check_int("bands", bands, 1)
+    if coefficients is not None:
+        coefficients = check_coefficients(coefficients)
+        if len(coefficients) != bands:
+            raise ValueError(f"`coefficients` must hold b = {bands} values c_0 = 1, …, c_{{b−1}}, got {len(coefficients)}.")
+    return {"bands": bands, "coefficients": coefficients}
+
+
+def _sampler(trainer: Any) -> Any:
+    """The training loader (or datamodule) that draws the batches."""
+    loaders = trainer.train_dataloader
+    loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
+    loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+    return loaders[0] if len(loaders) == 1 else (trainer.datamodule or loaders)
+
+
+def install_noise(trainer: Any, layer: Any, mode: Optional[dict[str, Any]]) -> None:
+    """Give the layer's one DP optimizer the banded noise of ``mode`` (None: independent noise), before step 1."""
+    if mode is None:
+        return
+    from lightning_dprel.datamodules.poisson import DPDataLoader
+
+    bands = mode["bands"]
+    sampler = _sampler(trainer)
+    batches = getattr(sampler, "batches", None)
+    if not isinstance(sampler, DPDataLoader) or batches.partitions is None:
+        found = (f"DPDataLoader without partitions (plain Poisson over all units)" if isinstance(sampler, DPDataLoader)
+                 else type(trainer.datamodule or sampler).__name__)
+        raise ValueError(
+            f"noise='banded' is proven only under cyclic Poisson (b-min-sep) sampling of one example per unit; the "
+            f"training data comes from {found}, under which a unit can take part in steps closer than b apart (plain "
+            "Poisson, shuffling, fixed batches) or appear in other partitions' steps (a coupled relational sampler's "
+            f"negatives). Train on DPDataLoader(dataset, batch_size=B, partitions={bands}), or use noise='independent'."
+        )
+    check_cyclic_sampling(sampler.sampling_spec, bands)
+    dps = [getattr(o, "optimizer", o) for o in trainer.optimizers]
+    dp = getattr(layer, "_dp_optimizer", None)
+    if len(dps) != 1 or not isinstance(dp, DPOptimizer) or dps[0] is not dp or int(layer.releases_per_sample) != 1:
+        raise ValueError(
+            f"noise='banded' needs a model whose steps are one DPOptimizer's, one release per batch; "
+            f"{type(layer).__name__} has {len(dps)} optimizer(s) and {layer.releases_per_sample} release(s) per batch. "
+            "Use a PrivateModule with one optimizer, or a plain LightningModule (the callback attaches DP-SGD)."
+        )
+    steps = max(1, int(min(trainer.estimated_stepping_batches, 2**31)) - int(trainer.global_step))
+    dp.set_correlated_noise(BandedNoise(bands, mode["coefficients"], steps=steps))
