@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_dprel import DPDataLoader, PrivacyCallback
 from lightning_dprel.accounting import Accountant
 from lightning_dprel.accounting.mechanisms import check_fit_sampling
+from lightning_dprel.core.ledger import PrivacyLedger
 from lightning_dprel.core.correlated_noise import BandedNoise, optimal_coefficients, prefix_sum_error
 from lightning_dprel.core.optim import DPOptimizer
 from lightning_dprel.core.randomness import KeyedStream
@@ -123,6 +124,9 @@ def test_a_fit_is_charged_the_reduced_event_and_stops_on_its_budget():
     assert spec.sampling_rate == pytest.approx(12 / 40) and spec.detail.partitions == 3
     pld, rdp = _reference(spec.sampling_rate, 1.0, math.ceil(7 / 3))
     assert cb.epsilon == pytest.approx(min(pld, rdp), rel=0.02)
+    saved = PrivacyLedger()  # the ledger's saved form keeps the cyclic sampling (checkpoints, privacy.json)
+    saved.load_state_dict(cb.ledger.state_dict())
+    assert saved.segments[0].sampling == spec and saved.epsilon(DELTA) == cb.ledger.epsilon(DELTA)
 
 
 def test_the_optimal_coefficients_lower_the_prefix_sum_error_and_one_band_is_the_identity():
@@ -269,3 +273,38 @@ def test_banded_noise_refuses_sigma_zero_a_changed_sigma_and_another_mechanism()
         noise.correlate(torch.zeros(3), 2.0, BandedNoise.mechanism)
     with pytest.raises(ValueError, match="coefficients"):
         BandedNoise(3)
+
+
+# --------------------------------------------------------------------------- the sampler
+def test_cyclic_poisson_samples_one_partition_per_step_so_a_row_is_drawn_b_apart():
+    n, b, batch = 50, 4, 5.0
+    loader = DPDataLoader(_data(n), batch_size=batch, seed=2, partitions=b)
+    s = loader.batches
+    assert s.population == 13 and s.sampling_rate == pytest.approx(5 / 13) and len(loader) == b * 3
+    draws = {t: set(s.indices(t).tolist()) for t in range(40)}
+    assert all(i % b == t % b for t, rows in draws.items() for i in rows)
+    seen = {}
+    for t, rows in draws.items():
+        for i in rows:
+            assert t - seen.get(i, -b) >= b
+            seen[i] = t
+    hits = sum(len(r) for t, r in draws.items() if t % b == 0) / 10  # partition 0 holds 13 rows, rate 5/13
+    assert 2.0 < hits < 8.0
+    spec = loader.sampling_spec
+    assert (spec.population, spec.num_units, spec.detail.partitions, spec.privacy_unit) == (13, n, b, "example")
+    assert SamplingSpec(**spec.to_dict()) == spec  # the saved form builds the record back
+    one = DPDataLoader(_data(n), batch_size=batch, seed=2, partitions=1).batches
+    plain = DPDataLoader(_data(n), batch_size=batch, seed=2).batches
+    assert all(torch.equal(one.indices(t), plain.indices(t)) for t in range(5))  # b = 1: the same samples
+    with pytest.raises(ValueError, match="P = 4"):
+        DPDataLoader(_data(n), batch_size=14, partitions=b)
+    with pytest.raises(ValueError, match="partitions"):
+        DPDataLoader(_data(n), batch_size=1, partitions=0)
+
+
+def test_a_model_that_plans_releases_refuses_the_banded_mode():
+    from lightning_dprel.callbacks.correlated import noise_mode, refuse_for_releases
+
+    refuse_for_releases(object(), noise_mode("independent", None, None))
+    with pytest.raises(ValueError, match="plans releases"):
+        refuse_for_releases(object(), noise_mode("banded", 2, None))

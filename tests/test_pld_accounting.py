@@ -56,6 +56,11 @@ def _spec(unit: str, q: float, max_degree: int = 1) -> SamplingSpec:
 
 def _sampling(name: str, q: float, max_degree: int = 1) -> SamplingSpec | None:
     mech = get_mechanism(name)
+    if name == "banded_poisson_gaussian":  # proven only for cyclic Poisson sampling (2 partitions here)
+        from lightning_dprel.accounting.mechanisms.banded import CyclicPoisson
+
+        return SamplingSpec(population=N, sampling_rate=q, expected_batch_size=q * N, steps_per_epoch=math.ceil(2 / q),
+                            privacy_unit="example", num_units=2 * N, detail=CyclicPoisson(2))
     return _spec(mech.unit.name if mech.unit is not None else "entity", q, max_degree) if mech.needs_sampling else None
 
 

@@ -19,7 +19,7 @@ from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.correlated_noise import BandedNoise, check_coefficients
 from lightning_dprel.core.optim import DPOptimizer
 
-__all__ = ["NOISE_MODES", "noise_mode", "install_noise"]
+__all__ = ["NOISE_MODES", "noise_mode", "install_noise", "refuse_for_releases"]
 
 #: The callback's noise modes.
 NOISE_MODES = ("independent", "banded")
@@ -41,6 +41,13 @@ def noise_mode(noise: str, bands: Optional[int], coefficients: Optional[Sequence
         if len(coefficients) != bands:
             raise ValueError(f"`coefficients` must hold b = {bands} values c_0 = 1, …, c_{{b−1}}, got {len(coefficients)}.")
     return {"bands": bands, "coefficients": coefficients}
+
+
+def refuse_for_releases(layer: Any, mode: Optional[dict[str, Any]]) -> None:
+    """Refuse the banded mode for a model that releases otherwise than by DP-SGD steps (planned releases)."""
+    if mode is not None:
+        raise ValueError(f"noise='banded' correlates the noise of DP-SGD steps; {type(layer).__name__} plans releases "
+                         "that are not optimizer steps. Use noise='independent' (the default).")
 
 
 def _sampler(trainer: Any) -> Any:
@@ -78,5 +85,5 @@ def install_noise(trainer: Any, layer: Any, mode: Optional[dict[str, Any]]) -> N
             f"{type(layer).__name__} has {len(dps)} optimizer(s) and {layer.releases_per_sample} release(s) per batch. "
             "Use a PrivateModule with one optimizer, or a plain LightningModule (the callback attaches DP-SGD)."
         )
-    steps = max(1, int(min(trainer.estimated_stepping_batches, 2**31)) - int(trainer.global_step))
+    steps = max(1, int(min(trainer.estimated_stepping_batches, 10**4)) - int(trainer.global_step))  # T for c (capped)
     dp.set_correlated_noise(BandedNoise(bands, mode["coefficients"], steps=steps))

@@ -32,7 +32,7 @@ from lightning_dprel.callbacks.checks import (
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
 from lightning_dprel.callbacks.attach import attach_arguments, close_layer, open_layer, privacy_layer, saved_ledger_of, watch_updates
-from lightning_dprel.callbacks.correlated import install_noise, noise_mode
+from lightning_dprel.callbacks.correlated import install_noise, noise_mode, refuse_for_releases
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -176,9 +176,9 @@ class PrivacyCallback(Callback):
             trainer, pl_module, clip_norm=self.clip_norm, noise_multiplier=self._sigma_arg,
             log_private_metrics=self._log_private, saved_ledger=self._saved_ledger)
         refuse_foreign_clip_norm(layer, self.clip_norm)
-        planned = layer.planned_releases()
-        if planned is None:
+        if (planned := layer.planned_releases()) is None:
             return
+        refuse_for_releases(layer, self._noise_mode)  # banded noise is for DP-SGD steps
         self._ledger = ledger = ledger_of(layer)
         unit, units = release_unit_of(trainer, pl_module)
         layer.charge_data_releases(trainer.datamodule)  # released on the data already: counts

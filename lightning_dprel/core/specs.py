@@ -262,12 +262,14 @@ def _from_saved(
                 f"SamplingSpec got both a detail and fields it does not hold: {sorted(saved)}."
             )
         return population, bound, detail
+    # the rows-only keys a detail without them saves too (one row per unit-slot, no negatives)
+    rows = {k for k, v in _ROWS_ONLY.items() if saved.get(k, ...) == (population if v == "population" else v)}
     for _ in range(2):  # the details registered now, then after discovering the method packages
         names = list(SAMPLING_DETAILS._items) if _ == 0 else list(SAMPLING_DETAILS)
         for name in names:
-            cls = SAMPLING_DETAILS[name]
-            if set(saved) <= {f.name for f in fields(cls)}:
-                return population, bound, cls(**saved)
+            held = {f.name for f in fields(SAMPLING_DETAILS[name])}
+            if set(saved) <= held or (set(saved) - rows and set(saved) - rows <= held):
+                return population, bound, SAMPLING_DETAILS[name](**{k: v for k, v in saved.items() if k in held})
     raise TypeError(
         f"SamplingSpec got unexpected fields {sorted(saved)}: no registered sampling detail holds "
         "them."

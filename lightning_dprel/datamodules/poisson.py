@@ -53,8 +53,8 @@ class PoissonSampledBatches(IterableDataset):
         self.population = math.ceil(self.num_examples / (self.partitions or 1))  # the rows one draw samples from
         b = float(expected_batch_size)
         if not 0.0 < b <= self.population:
-            raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, {self.population}] (N = "
-                             f"{self.num_examples}, {self.partitions or 1} partitions), got {b}.")
+            rows = f"N = {self.num_examples}" if self.partitions is None else f"⌈N/P⌉ = {self.population}, P = {self.partitions}"
+            raise ValueError(f"`batch_size` (the expected batch size b) must be in (0, {rows}], got {b}.")
         self.expected_batch_size, self.sampling_rate = b, b / self.population
         self.draws = 0  # samples drawn so far: the stream's path, so no (key, path) pair is ever drawn twice
         #: A TensorDataset with the default collate: index its tensors at once (picklable, for ddp_spawn).
