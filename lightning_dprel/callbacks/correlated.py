@@ -19,7 +19,7 @@ from lightning_dprel.core.checks import check_int
 from lightning_dprel.core.correlated_noise import BandedNoise, check_coefficients
 from lightning_dprel.core.optim import DPOptimizer
 
-__all__ = ["NOISE_MODES", "noise_mode", "install_noise", "refuse_for_releases"]
+__all__ = ["NOISE_MODES", "noise_mode", "install_noise", "refuse_for_releases", "one_step_per_batch"]
 
 #: The callback's noise modes.
 NOISE_MODES = ("independent", "banded")
@@ -50,6 +50,27 @@ def refuse_for_releases(layer: Any, mode: Optional[dict[str, Any]]) -> None:
                          "that are not optimizer steps. Use noise='independent' (the default).")
 
 
+def one_step_per_batch(mode: Optional[dict[str, Any]], new_steps: int) -> int:
+    """``new_steps``; in the banded mode a batch without exactly one step is refused before the next step (a drawn
+    batch not released, or two steps on one, would bring a row's steps closer than b apart)."""
+    if mode is not None and new_steps != 1:
+        raise RuntimeError(
+            f"noise='banded': a training batch made {new_steps} DP optimizer steps; the cyclic sampler's min-separation "
+            "holds only with exactly one step per drawn batch. Step once in every training_step (private_step)."
+        )
+    return new_steps
+
+
+def _describe(sampler: Any) -> str:
+    """What draws the batches, in words (the refusal names it)."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    if isinstance(sampler, DataLoader) and not hasattr(sampler, "batches"):
+        how = "shuffling" if isinstance(sampler.sampler, RandomSampler) else "fixed batches"
+        return f"a DataLoader with {type(sampler.sampler).__name__} ({how})"
+    return type(sampler).__name__
+
+
 def _sampler(trainer: Any) -> Any:
     """The training loader (or datamodule) that draws the batches."""
     loaders = trainer.train_dataloader
@@ -68,8 +89,8 @@ def install_noise(trainer: Any, layer: Any, mode: Optional[dict[str, Any]]) -> N
     sampler = _sampler(trainer)
     batches = getattr(sampler, "batches", None)
     if not isinstance(sampler, DPDataLoader) or batches.partitions is None:
-        found = (f"DPDataLoader without partitions (plain Poisson over all units)" if isinstance(sampler, DPDataLoader)
-                 else type(trainer.datamodule or sampler).__name__)
+        found = ("DPDataLoader without partitions (plain Poisson over all units)" if isinstance(sampler, DPDataLoader)
+                 else type(trainer.datamodule).__name__ if trainer.datamodule is not None else _describe(sampler))
         raise ValueError(
             f"noise='banded' is proven only under cyclic Poisson (b-min-sep) sampling of one example per unit; the "
             f"training data comes from {found}, under which a unit can take part in steps closer than b apart (plain "

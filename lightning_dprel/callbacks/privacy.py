@@ -32,7 +32,7 @@ from lightning_dprel.callbacks.checks import (
 )
 from lightning_dprel.callbacks.releases import check_planned_releases, check_releases_charged, release_delta, release_unit_of
 from lightning_dprel.callbacks.attach import attach_arguments, close_layer, open_layer, privacy_layer, saved_ledger_of, watch_updates
-from lightning_dprel.callbacks.correlated import install_noise, noise_mode, refuse_for_releases
+from lightning_dprel.callbacks.correlated import install_noise, noise_mode, one_step_per_batch, refuse_for_releases
 
 __all__ = ["PrivacyCallback", "ACCOUNTING_LABELS", "PAPER_EQ3_WARNING"]
 
@@ -198,8 +198,8 @@ class PrivacyCallback(Callback):
             check_releases_charged(pl_module, self._ledger, delta=self.delta, planned=self._planned_epsilon)
             self._log_epsilon(trainer, pl_module, self.epsilon, on_step=False)  # Lightning logs per epoch at train start
             return
-        open_layer(trainer, pl_module, layer, keep_logs=self._log_private)  # sampler, hooks, logs
         install_noise(trainer, layer, self._noise_mode)  # banded correlated noise, before step 1
+        open_layer(trainer, pl_module, layer, keep_logs=self._log_private)  # sampler, hooks, logs
         sampling, noise = self._read_facts(trainer)
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
@@ -245,7 +245,7 @@ class PrivacyCallback(Callback):
         self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         steps = self._ledger.private_steps  # edits after the release are caught at the next batch start or train end
-        new_steps, self._steps_seen = steps - self._steps_seen, steps
+        new_steps, self._steps_seen = one_step_per_batch(self._noise_mode, steps - self._steps_seen), steps
         if new_steps <= 0:
             return
         self._lookahead = new_steps

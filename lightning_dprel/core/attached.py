@@ -174,7 +174,7 @@ class AttachedDPSGD(PrivacyLayer):
     def prepare(self, sampling: SamplingSpec, view: ExampleView) -> None:
         """Take the sampler's spec, its example view and the unit's mechanism; run overridden batch hooks on each
         example alone (before step 1)."""
-        mechanism = default_mechanism(sampling.privacy_unit)
+        mechanism = self.dp.correlation.mechanism if self.dp.correlation else default_mechanism(sampling.privacy_unit)
         if self.dp.noise_spec.accounting != mechanism:
             self.dp.noise_spec = replace(self.dp.noise_spec, accounting=mechanism)
         self.view, self.sampling = view, sampling
