@@ -323,3 +323,24 @@ def test_a_batch_without_exactly_one_step_is_refused_in_the_banded_mode():
     with pytest.raises(RuntimeError, match="made 0 DP optimizer steps"):
         quiet_trainer([PrivacyCallback(delta=DELTA, noise="banded", bands=2)], max_steps=5).fit(model, loader)
     assert model.optimizer_steps == 1
+
+
+def test_resuming_a_banded_run_from_its_checkpoint_is_refused_before_a_step(tmp_path):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    def trainer(steps):
+        cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=1.0, noise="banded", bands=2)
+        ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)
+        return pl.Trainer(callbacks=[cb, ckpt], max_steps=steps, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False)
+
+    trainer(2).fit(_Linear(), DPDataLoader(_data(), batch_size=12, seed=0, partitions=2))
+    model = _Linear()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="resume"):
+        trainer(4).fit(model, DPDataLoader(_data(), batch_size=12, seed=0, partitions=2),
+                       ckpt_path=str(tmp_path / "last.ckpt"))
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert "previous" not in str(state["optimizer_states"])  # no noise in the checkpoint
+    saved = state["state_dict"]
+    assert all(torch.equal(p, saved[n]) or torch.equal(p, b) for (n, p), b in zip(model.state_dict().items(), before))

@@ -139,5 +139,5 @@ def refuse_resume(state: Mapping[str, Any] | None) -> None:
             raise ValueError(
                 f"Refusing to resume a banded correlated-noise run after {state['steps']} steps: its previous noise w's "
                 "are not in the checkpoint (they would reveal the noise), and re-drawing them would void the guarantee. "
-                "Train a banded run in one fit, or resume it without noise='banded' from a fresh model."
+                "Train a banded run in one fit (a resume or a second fit is refused); start a new run from a fresh model."
             )
