@@ -117,7 +117,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "pld_vs_rdp.json"))
     args = parser.parse_args()
     start = time.perf_counter()
-    names = [n for n in registered_mechanisms() if get_mechanism(n).pld is not None]
+    names = [n for n in registered_mechanisms() if get_mechanism(n).pld is not None
+             and get_mechanism(n).compositions is None]  # banded noise: benchmarks/correlated_noise.py
     print(f"PLD (grid min({VALUE_DISCRETIZATION:g}, q/10), pessimistic) vs RDP, dp-accounting PLDAccountant (grid {REF_INTERVAL:g}) "
           f"and PRV [lower, upper]; {platform.node()}, load {os.getloadavg()[0]:.2f}")
     head = (f"{'mechanism':<23}{'K':>3}{'q':>8}{'σ':>6}{'steps':>8}{'δ':>7}{'RDP':>9}{'PLD':>9}{'PLD/RDP':>8}"

@@ -64,7 +64,8 @@ def default_mechanism(unit: str) -> str:
 
     for name in registered_mechanisms():
         mech = get_mechanism(name)
-        if mech.unit is not None and mech.unit.name == unit and "standard" in mech.clipping and not mech.warning:
+        if mech.unit is not None and mech.unit.name == unit and "standard" in mech.clipping and not mech.warning \
+                and mech.compositions is None:  # not a mechanism composed per run (banded noise is chosen explicitly)
             return name
     raise ValueError(f"No provable mechanism with per-example clipping is registered for the unit {unit!r}.")
 
