@@ -46,15 +46,25 @@ def _job(unit: str) -> SamplingSpec:
     )
 
 
-def _dp_accounting_epsilon(sigma: float, interval: float = 1e-4) -> float:
-    """dp-accounting's PLD of Σ_i Bin(K, γ)(i) N(i, σ²) vs N(0, σ²), composed STEPS times."""
+def _dp_accounting_epsilon(
+    sigma: float,
+    interval: float = 1e-4,
+    *,
+    bound: int = K,
+    rate: float = B / M,
+    steps: int = STEPS,
+    delta: float = DELTA,
+) -> float:
+    """dp-accounting's PLD of Σ_i Bin(K, γ)(i) N(i, σ²) vs N(0, σ²), composed ``steps`` times."""
     from dp_accounting import dp_event
     from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
-    weights = binom.pmf(np.arange(K + 1), K, B / M)
+    weights = binom.pmf(np.arange(bound + 1), bound, rate)
     acc = PLDAccountant(value_discretization_interval=interval)
-    acc.compose(dp_event.MixtureOfGaussiansDpEvent(sigma, list(range(K + 1)), list(weights)), STEPS)
-    return float(acc.get_epsilon(DELTA))
+    acc.compose(
+        dp_event.MixtureOfGaussiansDpEvent(sigma, list(range(bound + 1)), list(weights)), steps
+    )
+    return float(acc.get_epsilon(delta))
 
 
 def test_sigma_at_epsilon_10_falls_from_theorem_c1_to_the_mixture():
