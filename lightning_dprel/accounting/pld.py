@@ -5,23 +5,39 @@ connect-the-dots (Doroshenko et al. 2022), built by dp-accounting's ``privacy_lo
 dp-accounting's FFT composition (Koskela et al. 2020); the result is an upper bound on the true privacy curve, like
 the RDP bound, and usually 5–20 % below it. The pairs and why they dominate: ``docs/accounting.md`` ("Tight
 accounting"). Mechanisms without ``pld=`` (the coupled negative-slot mixtures, the paper reproductions) keep RDP.
+dp-accounting is imported on first use (with scipy.signal and scipy.stats it costs ≈ 1 s of start-up), so an RDP-only
+process such as the accounting CLI with ``--clipping freq`` never loads it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
 
-from dp_accounting.pld import privacy_loss_distribution as _pld
-from dp_accounting.privacy_accountant import NeighboringRelation
+import numpy as np
 
 from lightning_dprel.core.specs import SamplingSpec
 
 __all__ = [
     "PLD", "PldFunction", "VALUE_DISCRETIZATION", "MIN_DISCRETIZATION", "discretization_for", "MAX_MIXTURE_COMPONENTS", "identity_pld", "gaussian_pld",
-    "poisson_gaussian_pld", "replace_one_pld", "binomial_mixture_pld", "pld_epsilon",
+    "poisson_gaussian_pld", "replace_one_pld", "binomial_mixture_pld", "mixture_gaussian_pld", "self_composed", "pld_epsilon",
 ]
 
-PLD = _pld.PrivacyLossDistribution
+#: dp-accounting's ``PrivacyLossDistribution`` (not imported here: see the module docstring).
+PLD = Any
+
+
+@lru_cache(maxsize=None)
+def _dp() -> SimpleNamespace:
+    """dp-accounting's PLD modules (and scipy's fft, special), imported on first use."""
+    from dp_accounting.pld import pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from scipy import fft, special
+
+    return SimpleNamespace(pld=privacy_loss_distribution, pmf=pld_pmf, plm=privacy_loss_mechanism,
+                           relation=NeighboringRelation, fft=fft, special=special, mixture=_mixture_loss_class(privacy_loss_mechanism))
 #: (SamplingSpec or None, σ, discretisation interval) → PLD of one step, or None where no pair is proven for it.
 PldFunction = Callable[[Optional[SamplingSpec], float, float], Optional[PLD]]
 
@@ -45,23 +61,23 @@ MAX_MIXTURE_COMPONENTS = 65
 
 def identity_pld(interval: float = VALUE_DISCRETIZATION) -> PLD:
     """The PLD of releasing nothing (the unit of composition)."""
-    return _pld.identity(value_discretization_interval=interval)
+    return _dp().pld.identity(value_discretization_interval=interval)
 
 
 def gaussian_pld(sigma: float, interval: float = VALUE_DISCRETIZATION) -> PLD:
     """Gaussian release of a statistic of sensitivity C with noise σC: the pair (N(1, σ²), N(0, σ²)), both ways."""
-    return _pld.from_gaussian_mechanism(sigma, sensitivity=1.0, value_discretization_interval=interval)
+    return _dp().pld.from_gaussian_mechanism(sigma, sensitivity=1.0, value_discretization_interval=interval)
 
 
 def poisson_gaussian_pld(q: float, sigma: float, interval: float = VALUE_DISCRETIZATION) -> PLD:
     """Poisson-subsampled Gaussian, add/remove: ((1−q)N(0, σ²) + qN(1, σ²), N(0, σ²)) and its reverse."""
-    return _pld.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=interval)
+    return _dp().pld.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=interval)
 
 
 def replace_one_pld(q: float, sigma: float, interval: float = VALUE_DISCRETIZATION) -> PLD:
     """Poisson-subsampled Gaussian, replace-one: ((1−q)N(0, σ²) + qN(1, σ²), (1−q)N(0, σ²) + qN(−1, σ²))."""
-    return _pld.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=interval,
-                                        neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    return _dp().pld.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=interval,
+                                        neighboring_relation=_dp().relation.REPLACE_ONE)
 
 
 def binomial_mixture_pld(max_degree: int, gamma: float, sigma: float, interval: float = VALUE_DISCRETIZATION) -> PLD | None:
@@ -77,15 +93,87 @@ def binomial_mixture_pld(max_degree: int, gamma: float, sigma: float, interval: 
 
     probs = [float(w) for w in binom.pmf(range(max_degree + 1), max_degree, gamma)]
     probs[-1] = max(probs[-1], 1.0 - sum(probs[:-1]))  # rounding's residual on the largest shift (never dropped)
-    return _pld.from_mixture_gaussian_mechanism(
-        standard_deviation=sigma, sensitivities=[float(i) for i in range(max_degree + 1)], sampling_probs=probs,
-        value_discretization_interval=interval,
-    )
+    return mixture_gaussian_pld(sigma, [float(i) for i in range(max_degree + 1)], probs, interval)
+
+
+def _mixture_loss_class(plm: Any) -> type:
+    """dp-accounting's mixture-of-Gaussians privacy loss with its inverse found by one vectorised bisection: the same
+    midpoints and answers as dp-accounting's recursive one, which evaluates the loss once per node in Python."""
+
+    class MixtureLoss(plm.MixtureGaussianPrivacyLoss):
+        def _inverse_privacy_losses_with_range(self, privacy_losses, bounds, precision=1e-6):
+            losses = np.asarray(privacy_losses, dtype=float)
+            lo, hi = np.full(losses.shape, float(bounds[0])), np.full(losses.shape, float(bounds[1]))
+            active = np.flatnonzero(hi - lo > precision)
+            consts, sens, add = self._precompute_privacy_loss_constants, self.sensitivities, self.adjacency_type == plm.AdjacencyType.ADD
+            while active.size:
+                mid = (lo[active] + hi[active]) / 2
+                x_loss = sens[None, :] * mid[:, None] / (self._variance)
+                loss = -np.logaddexp.reduce(consts + x_loss, axis=1) if add else np.logaddexp.reduce(consts - x_loss, axis=1)
+                below = losses[active] < loss  # the inverse lies right of mid
+                lo[active[below]], hi[active[~below]] = mid[below], mid[~below]
+                active = active[hi[active] - lo[active] > precision]
+            return np.floor(hi / precision) * precision
+
+    return MixtureLoss
+
+
+def mixture_gaussian_pld(sigma: float, sensitivities: list[float], probs: list[float], interval: float) -> PLD:
+    """dp-accounting's ``from_mixture_gaussian_mechanism`` (connect-the-dots, pessimistic), with the vectorised inverse."""
+    dp = _dp()
+
+    def one(adjacency: Any) -> Any:
+        loss = dp.mixture(sigma, sensitivities, probs, pessimistic_estimate=True, adjacency_type=adjacency)
+        return dp.pld._create_pld_pmf_from_monotone_privacy_loss(loss, pessimistic_estimate=True,
+                                                                 value_discretization_interval=interval, use_connect_dots=True)
+
+    return dp.pld.PrivacyLossDistribution(one(dp.plm.AdjacencyType.REMOVE), one(dp.plm.AdjacencyType.ADD))
+
+
+#: dp-accounting's ``self_compose`` tail truncation (its default), and the Chernoff orders of its truncation bounds.
+_TAIL_MASS = 1e-15
+_CHERNOFF_ORDERS = np.concatenate((np.arange(-20, 0), np.arange(1, 21)))
+_MOMENTS: dict[int, tuple] = {}  # id(pmf) → (pmf, orders, log-MGFs): computed once per step pmf, not per count
 
 
 def self_composed(pld: PLD, count: int) -> PLD:
-    """``count``-fold composition of ``pld`` (dp-accounting's FFT self-composition)."""
-    return pld if int(count) == 1 else pld.self_compose(int(count))
+    """``count``-fold composition of ``pld``: dp-accounting's FFT self-composition (Koskela et al. 2020), the same
+    arithmetic, with the Chernoff moments of its truncation bounds computed once per step PLD instead of per count."""
+    count = int(count)
+    if count == 1:
+        return pld
+    remove, make = _self_composed_pmf(pld._pmf_remove, count), _dp().pld.PrivacyLossDistribution
+    return make(remove) if pld._symmetric else make(remove, _self_composed_pmf(pld._pmf_add, count))
+
+
+def _log_mgfs(pmf: Any) -> tuple[np.ndarray, np.ndarray]:
+    hit = _MOMENTS.get(id(pmf))
+    if hit is None or hit[0] is not pmf:
+        n = len(pmf._probs)
+        orders = _CHERNOFF_ORDERS / n
+        hit = (pmf, orders, [_dp().special.logsumexp(np.arange(n) * order, b=pmf._probs) for order in orders])
+        if len(_MOMENTS) >= 256:
+            _MOMENTS.pop(next(iter(_MOMENTS)))
+        _MOMENTS[id(pmf)] = hit
+    return hit[1], hit[2]
+
+
+def _self_composed_pmf(pmf: Any, count: int) -> Any:
+    """``DensePLDPmf.self_compose(count)`` (dp-accounting's ``common.self_convolve``) with cached moments."""
+    dp = _dp()
+    if not isinstance(pmf, dp.pmf.DensePLDPmf):
+        return pmf.self_compose(count)
+    probs = pmf._probs
+    lower, upper = 0, (len(probs) - 1) * count
+    for order, log_mgf in zip(*_log_mgfs(pmf)):
+        bound = (count * log_mgf + math.log(2 / _TAIL_MASS)) / order
+        if math.isfinite(bound):
+            upper, lower = (min(upper, math.ceil(bound)), lower) if order > 0 else (upper, max(lower, math.floor(bound)))
+    size = upper - lower + 1
+    conv = np.real(dp.fft.ifft(dp.fft.fft(probs, dp.fft.next_fast_len(max(size, len(probs)))) ** count))
+    infinity = _TAIL_MASS - math.expm1(count * math.log1p(-pmf._infinity_mass))
+    return dp.pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss * count + lower, np.array(np.roll(conv, -lower)[:size]),
+                            infinity, pmf._pessimistic_estimate)
 
 
 def pld_epsilon(pld: PLD, delta: float) -> float:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_dprel.accounting.mechanisms.banded import BANDED_MECHANISM
 from lightning_dprel.core.checks import check_int
 
 __all__ = ["BandedNoise", "check_coefficients", "prefix_sum_error", "optimal_coefficients", "refuse_resume"]
@@ -83,7 +84,7 @@ class BandedNoise:
     """
 
     #: The mechanism its steps are accounted with (registered in ``accounting/mechanisms/banded.py``).
-    mechanism = "banded_poisson_gaussian"
+    mechanism = BANDED_MECHANISM
 
     def __init__(self, bands: int, coefficients: Sequence[float] | None = None, *, steps: int | None = None) -> None:
         self.bands = check_int("bands", bands, 1)

@@ -1,4 +1,6 @@
-"""Pure RDP mathematics (no state): sampled Gaussian, coupled-sampling mixtures, the binomial expectation."""
+"""Pure RDP mathematics (no state): sampled Gaussian, coupled-sampling mixtures, the binomial expectation.
+
+The PATE kernels (:mod:`.pate`, scipy.stats) are imported where used, not here: the accounting CLI stays light."""
 
 from lightning_dprel.accounting.analysis.binomial import BinomialPlan, binomial_plan
 from lightning_dprel.accounting.analysis.coupled_rdp import (
@@ -8,7 +10,6 @@ from lightning_dprel.accounting.analysis.coupled_rdp import (
     mixture_log_weights,
 )
 from lightning_dprel.accounting.analysis.sampled_gaussian import eq3_rdp, log_a, log_a_orders
-from lightning_dprel.accounting.analysis import pate  # noqa: F401  (PATE 2018 / Confident-GNMax kernels)
 
 __all__ = [
     "BinomialPlan",

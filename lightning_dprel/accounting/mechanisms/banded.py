@@ -24,10 +24,12 @@ from lightning_dprel.accounting.mechanisms.per_example import (
 )
 from lightning_dprel.accounting.registry import register_mechanism
 from lightning_dprel.core.checks import check_int
-from lightning_dprel.core.correlated_noise import BandedNoise
 from lightning_dprel.core.specs import EXAMPLE, SamplingDetail, SamplingSpec, register_sampling_detail
 
-__all__ = ["CyclicPoisson", "check_cyclic_sampling", "banded_compositions"]
+__all__ = ["BANDED_MECHANISM", "CyclicPoisson", "check_cyclic_sampling", "banded_compositions"]
+
+#: The registered name (``core/correlated_noise.BandedNoise`` draws noise only for steps accounted with it).
+BANDED_MECHANISM = "banded_poisson_gaussian"
 
 
 @register_sampling_detail
@@ -49,7 +51,7 @@ def check_cyclic_sampling(sampling: SamplingSpec, bands: int | None = None) -> C
     if not isinstance(detail, CyclicPoisson):
         found = "plain Poisson over all units" if detail is None else type(detail).__name__
         raise ValueError(
-            f"Banded correlated noise ({BandedNoise.mechanism}) is proven only under cyclic Poisson (b-min-sep) "
+            f"Banded correlated noise ({BANDED_MECHANISM}) is proven only under cyclic Poisson (b-min-sep) "
             f"sampling of one example per unit, got {found} sampling (privacy unit {sampling.privacy_unit!r}): with it "
             "a unit can take part in steps closer than b apart, where the noise is correlated. Use "
             "DPDataLoader(dataset, batch_size=B, partitions=b) with noise='banded', bands=b, or independent noise."
@@ -69,7 +71,7 @@ def banded_compositions(sampling: SamplingSpec, steps: int) -> int:
 
 
 register_mechanism(
-    BandedNoise.mechanism,
+    BANDED_MECHANISM,
     per_example_poisson_gaussian,
     coupled=False,
     privacy_unit=EXAMPLE,

@@ -36,6 +36,7 @@ min(1, B·k/|V|)); ``max_degree`` is not used (the paper caps no degree: the hel
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from lightning_dprel.core.specs import PrivacyUnit, SamplingSpec, register_priva
 
 __all__ = [
     "NODE_PUBLIC_IDS", "EDGE", "NODE_REPLACE", "ADVSGM_PAPER_WARNING", "public_ids_profile", "advsgm_paper_sampling",
-    "advsgm_paper_epsilon", "advsgm_paper_stop_iteration", "STOP_RULES",
+    "advsgm_paper_epsilon", "advsgm_paper_curve", "advsgm_paper_stop_iteration", "STOP_RULES",
 ]
 
 EDGE = register_privacy_unit(PrivacyUnit(
@@ -120,10 +121,21 @@ def advsgm_paper_epsilon(
     orders: np.ndarray | None = None,
 ) -> float:
     """The paper's Theorem 7 ε after ``iterations`` iterations (two updates each), Balle et al. conversion."""
+    curve = advsgm_paper_curve(num_nodes=num_nodes, num_edges=num_edges, batch_size=batch_size, k=k, sigma=sigma,
+                               delta=delta, orders=orders)
+    return curve(check_step_count("iterations", iterations))
+
+
+def advsgm_paper_curve(
+    *, num_nodes: int, num_edges: int, batch_size: int, k: int, sigma: float, delta: float,
+    orders: np.ndarray | None = None,
+) -> Callable[[int], float]:
+    """Theorem 7's ε as a function of the iterations T: the per-iteration RDP is computed once, each ε is T·RDP
+    converted (Balle et al.), so a run reads it every iteration at the cost of the conversion alone."""
     orders = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
     spec = advsgm_paper_sampling(num_nodes=num_nodes, num_edges=num_edges, batch_size=batch_size, k=k)
     per_iter = _advsgm_paper(spec, check_noise_multiplier(sigma), orders)
-    return rdp_to_epsilon(orders, check_step_count("iterations", iterations) * per_iter, delta)[0]
+    return lambda iterations: rdp_to_epsilon(orders, int(iterations) * per_iter, delta)[0]
 
 
 def advsgm_paper_stop_iteration(

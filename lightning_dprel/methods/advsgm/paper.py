@@ -11,7 +11,7 @@ from typing import Any
 from pytorch_lightning import Callback
 
 from lightning_dprel.core.checks import check_choice, positive_finite
-from lightning_dprel.methods.advsgm.accounting import STOP_RULES, advsgm_paper_epsilon, advsgm_paper_stop_iteration
+from lightning_dprel.methods.advsgm.accounting import STOP_RULES, advsgm_paper_curve, advsgm_paper_stop_iteration
 
 __all__ = ["PaperStop"]
 
@@ -32,6 +32,7 @@ class PaperStop(Callback):
         self.target_epsilon, self.delta, self.rule, self.max_iterations = float(target_epsilon), float(delta), rule, int(max_iterations)
         self.stop_at: int | None = None
         self.iterations = 0
+        self._curve: Any = None  # Theorem 7's ε(T), its per-iteration RDP computed once per fit
 
     def _sizes(self, trainer: Any, module: Any) -> dict[str, Any]:
         spec = trainer.datamodule.sampling_spec
@@ -43,9 +44,9 @@ class PaperStop(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if pl_module.hparams.get("mode") != "paper":
             raise ValueError("PaperStop stops the paper-faithful mode only (DPSkipGramModule(mode='paper')); use PrivacyCallback otherwise.")
-        self.stop_at = advsgm_paper_stop_iteration(
-            self.target_epsilon, max_iterations=self.max_iterations, rule=self.rule, **self._sizes(trainer, pl_module)
-        )
+        sizes = self._sizes(trainer, pl_module)
+        self.stop_at = advsgm_paper_stop_iteration(self.target_epsilon, max_iterations=self.max_iterations, rule=self.rule, **sizes)
+        self._curve = advsgm_paper_curve(**sizes)
         if self.stop_at < 1:
             raise ValueError(f"The paper's accounting allows no iteration at ε = {self.target_epsilon}; raise target_epsilon.")
         self._label(trainer, pl_module)
@@ -57,7 +58,7 @@ class PaperStop(Callback):
             trainer.should_stop = True
 
     def _label(self, trainer: Any, module: Any) -> None:
-        nominal = advsgm_paper_epsilon(max(self.iterations, 1), **self._sizes(trainer, module)) if self.iterations else 0.0
+        nominal = self._curve(self.iterations) if self.iterations else 0.0
         module.paper_claim = {"nominal_epsilon": nominal, "target_epsilon": self.target_epsilon, "stop_rule": self.rule,
                               "iterations": self.iterations, "stop_at": self.stop_at, "delta": self.delta}
 
