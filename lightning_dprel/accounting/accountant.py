@@ -20,6 +20,7 @@ import numpy as np
 
 from lightning_dprel.accounting.conversion import check_delta, conversion_constants, epsilon_from_constants
 from lightning_dprel.accounting.mechanisms import (
+    PLD_CURVES,
     _lookup,
     _orders_key,
     check_noise_multiplier,
@@ -121,6 +122,7 @@ class Accountant:
         self._steps = 0
         # PLD: closed runs still to fold into the prefix, the prefix, and caches valid until a run closes.
         self._pld_pending: list[tuple[tuple, int]] = []
+        self._history: tuple = ()  # the closed runs as ((mechanism, sampling, σ), steps): the key of the shared ε curves
         self._pld_prefix: Any = None  # built on first use, on this composition's grid
         self._pld_ok = self.accountant == "pld"
         self._pld_cache: dict[tuple, Any] = {}
@@ -135,6 +137,7 @@ class Accountant:
             self._closed = self._closed + self._count(self._run, self._run_count) * self._run_rdp
             if self._pld_ok:
                 self._pld_pending.append((self._run, self._run_count))
+                self._history += ((self._run, self._run_count),)
         self._pld_cache = {}
 
     # -- public API -------------------------------------------------------------------------------------
@@ -282,41 +285,66 @@ class Accountant:
         return step_pld(name, sampling, sigma, self._interval)
 
     def _prefix(self) -> Any:
-        """PLD of the closed runs (folded in as they are first needed)."""
-        if self._pld_prefix is None:
-            self._pld_prefix = identity_pld(self._interval or VALUE_DISCRETIZATION)
+        """PLD of the closed runs (folded in as they are first needed); None while there are none."""
         while self._pld_pending:
             run, count = self._pld_pending.pop(0)
-            self._pld_prefix = self._pld_prefix.compose(self_composed(self._run_pld(run), self._count(run, count)))
+            pld = self_composed(self._run_pld(run), self._count(run, count))
+            self._pld_prefix = pld if self._pld_prefix is None else self._pld_prefix.compose(pld)
         return self._pld_prefix
 
+    def _then(self, run: tuple, count: int, head: Any = None) -> Any:
+        """``head`` (default the closed runs) ∘ ``run``'s PLD composed over ``count`` steps; no composition with an
+        empty head (the identity)."""
+        head = self._prefix() if head is None else head
+        pld = self_composed(self._run_pld(run), self._count(run, count)) if count else None
+        if pld is None:
+            return identity_pld(self._interval or VALUE_DISCRETIZATION) if head is None else head
+        return pld if head is None else head.compose(pld)
+
+    def _curve(self, delta: float, history: tuple, run: tuple) -> dict[int, float]:
+        """The shared ε curve {steps of ``run``: PLD ε} after ``history`` (:data:`PLD_CURVES`, the 256 last used)."""
+        key = (self._interval, delta, history, run)
+        curve = PLD_CURVES.pop(key, None)
+        if curve is None and len(PLD_CURVES) >= 256:
+            PLD_CURVES.pop(next(iter(PLD_CURVES)))
+        PLD_CURVES[key] = curve = {} if curve is None else curve
+        return curve
+
     def _pld_at(self, delta: float, count: int) -> float:
-        """ε of prefix ∘ (open run)^count (cached)."""
-        key = ("open", delta, count)
-        if key not in self._pld_cache:
-            pld = self._prefix()
-            if count:
-                pld = pld.compose(self_composed(self._run_pld(self._run), self._count(self._run, count)))
-            self._pld_cache[key] = pld_epsilon(pld, delta)
-        return self._pld_cache[key]
+        """ε of prefix ∘ (open run)^count (read from the run's ε curve; computed once per count)."""
+        curve = self._curve(delta, self._history, self._run)
+        if count not in curve:
+            curve[count] = pld_epsilon(self._then(self._run, count), delta)
+        return curve[count]
+
+    def plan(self, delta: float, sampling: SamplingSpec | None, noise_multiplier: float, steps: int) -> None:
+        """Compute once the ε curve of the next ``steps`` steps with this sampling and σ: the PLD at every count of
+        the live grid they reach (what :meth:`live_epsilon` reads), shared by every accountant of this history."""
+        if not self.has_pld_for(sampling, noise_multiplier):
+            return
+        run, delta = (self.mechanism, sampling, check_noise_multiplier(noise_multiplier)), check_delta(delta)
+        base = self._run_count if self._run == run else 0
+        count, last = _grid_count(base + 1), _grid_count(base + check_step_count("steps", steps))
+        while count <= last:
+            self._pld_total(delta, run, count - base)
+            count = count + 1 if count < _LIVE_GRID_EXACT else max(count + 1, math.ceil(count * LIVE_GRID_RATIO))
 
     def _pld_total(self, delta: float, run: tuple | None, n: int) -> float:
         """ε of everything so far plus ``n`` steps of ``run`` (the open run continued, or a new run after it)."""
         if self._run is not None and (run is None or run == self._run):
             return self._pld_at(delta, self._run_count + n)
         if run is None or n == 0:
-            return pld_epsilon(self._prefix(), delta)
-        key = ("new", delta, run, n, self._run_count)
-        if key not in self._pld_cache:
-            head = self._pld_cache.get(("head", self._run_count))
-            if head is None:
-                head = self._prefix()
-                if self._run is not None:
-                    head = head.compose(self_composed(self._run_pld(self._run), self._count(self._run, self._run_count)))
+            return pld_epsilon(self._then(None, 0), delta)
+        history = self._history + (((self._run, self._run_count),) if self._run is not None else ())
+        curve = self._curve(delta, history, run)  # the curve this run will read once the open run closes
+        if n not in curve:
+            head = self._pld_cache.get(("head", self._run_count), ...)
+            if head is ...:
+                head = self._prefix() if self._run is None else self._then(self._run, self._run_count)
                 self._pld_cache = {k: v for k, v in self._pld_cache.items() if k[0] != "head"}
                 self._pld_cache[("head", self._run_count)] = head
-            self._pld_cache[key] = pld_epsilon(head.compose(self_composed(self._run_pld(run), self._count(run, n))), delta)
-        return self._pld_cache[key]
+            curve[n] = pld_epsilon(self._then(run, n, head) if head is not None else self._then(run, n), delta)
+        return curve[n]
 
     def __repr__(self) -> str:
         return (f"Accountant(mechanism={self.mechanism!r}, accountant={self.accountant!r}, steps={self._steps}, "

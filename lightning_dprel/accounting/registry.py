@@ -131,6 +131,7 @@ def register_mechanism(
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()
     _cached_pld.cache_clear()
+    PLD_CURVES.clear()
     return mech
 
 
@@ -248,6 +249,11 @@ def _cached_rdp(name: str, sampling: SamplingSpec, sigma: float, orders: tuple[f
         raise RuntimeError(f"Mechanism {name!r} returned an invalid RDP curve (shape {out.shape}, NaN or < 0).")
     out.setflags(write=False)
     return out
+
+
+#: (grid width, δ, closed runs as ((mechanism, sampling, σ), steps), run) → {steps of the run: PLD ε}: the ε curve of
+#: a run after a history, shared by every Accountant with that history (calibration's, the callback's, the ledger's).
+PLD_CURVES: "dict[tuple, dict[int, float]]" = {}
 
 
 @lru_cache(maxsize=64)

@@ -118,7 +118,6 @@ class PrivacyCallback(Callback):
         self.accountant_kind = check_accountant(accountant)
         self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
         self._allow_large_delta, self._noise_mode = bool(allow_large_delta), noise_mode(noise, bands, coefficients)
-
         self.mechanism, self.delta = mechanism, delta
         self.noise_multiplier: Optional[float] = None
         self.stopped_step: Optional[int] = None
@@ -344,8 +343,9 @@ class PrivacyCallback(Callback):
                 logger.log_metrics({"noise_multiplier": sigma}, step=trainer.global_step)
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
-        sigma = self._next_sigma(noise)
-        stop, next_eps = self._budget().next_step(self.accountant, sampling, sigma, horizon=self._horizon())
+        sigma, acc = self._next_sigma(noise), self.accountant
+        acc.plan(self.delta, sampling, sigma, self._horizon())  # the fit's ε curve, once: each step reads it
+        stop, next_eps = self._budget().next_step(acc, sampling, sigma, horizon=self._horizon())
         if not stop:
             return
         if self.steps == 0:
