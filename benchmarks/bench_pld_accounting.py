@@ -102,6 +102,7 @@ def _clear_caches() -> None:
 
     registry._cached_pld.cache_clear()
     registry._cached_rdp.cache_clear()
+    registry.PLD_CURVES.clear()
 
 
 def _spec(case: str, k: int = 1):
@@ -287,7 +288,126 @@ def worker_fit(cfg: dict) -> dict:
             "rest_per_step_ms": 1e3 * (fit_s - hooks_s) / max(cb.steps, 1)}
 
 
-WORKERS = {"calib": worker_calib, "steps": worker_steps, "fit": worker_fit}
+_QUICKSTART_MODEL = """
+import pytorch_lightning as pl, torch, torch.nn.functional as F
+
+class Classifier(pl.LightningModule):  # README's quickstart model
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+"""
+
+
+def worker_quickstart(cfg: dict) -> dict:
+    """Acceptance A: README's quickstart fit (40 steps), PLD vs RDP vs non-private, ``rounds`` alternating rounds in one
+    process (the same load for all three); accounting caches cleared before every fit, so each fit pays its own
+    calibration and ε curve. Times ``trainer.fit`` alone."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_dprel import DPDataLoader, PrivacyCallback
+
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    scope: dict = {}
+    exec(_QUICKSTART_MODEL, scope)
+
+    def fit(kind: str) -> tuple[float, float]:
+        _clear_caches()
+        torch.manual_seed(0)
+        x = torch.randn(2000, 8)
+        data = TensorDataset(x, (x[:, 0] > 0).long())
+        callbacks, loader, privacy = [], DataLoader(data, batch_size=100, shuffle=True), None
+        if kind != "non-private":
+            loader = DPDataLoader(data, batch_size=100, seed=0)
+            privacy = PrivacyCallback(target_epsilon=4.0, delta=1e-5, clip_norm=1.0, calibrate=True, accountant=kind)
+            callbacks = [privacy]
+        trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False)
+        t = time.perf_counter()
+        trainer.fit(scope["Classifier"](), loader)
+        return time.perf_counter() - t, (privacy.epsilon if privacy else 0.0)
+
+    for kind in ("pld", "rdp", "non-private"):  # warm-up: imports, first-call costs
+        fit(kind)
+    times: dict = {k: [] for k in ("pld", "rdp", "non-private")}
+    eps = {}
+    for r in range(cfg["rounds"]):
+        order = ("pld", "rdp", "non-private") if r % 2 == 0 else ("non-private", "rdp", "pld")
+        for kind in order:
+            t, e = fit(kind)
+            times[kind].append(t)
+            eps[kind] = e
+    ratios = [p / r for p, r in zip(times["pld"], times["rdp"])]
+    return {"times_s": times, "epsilon": eps, "per_round_pld_over_rdp": ratios}
+
+
+def worker_advsgm(cfg: dict) -> dict:
+    """Acceptance E: paper-mode AdvSGM on a small synthetic graph (PPI is not available offline), stopped by
+    ``PaperStop``; time inside its hooks (the stop rule, Theorem 7 read per iteration) against the fit, and what the
+    previous per-iteration recomputation of Theorem 7 costs for the same iterations (``advsgm_paper_epsilon``)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import pytorch_lightning as pl
+    import torch
+    from torch_geometric.data import Data
+
+    from lightning_dprel.methods.advsgm import AdvSGMPaperDataModule, DPSkipGramModule, PaperStop
+    from lightning_dprel.methods.advsgm.accounting import advsgm_paper_epsilon
+
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    n, g = cfg["nodes"], torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 4
+    a, b = torch.randint(0, n, (2, 6 * n), generator=g)
+    keep = (a != b) & ((y[a] == y[b]) | (torch.rand(a.shape, generator=g) < 0.1))
+    data = Data(edge_index=torch.stack([a[keep], b[keep]]), num_nodes=n, y=y)
+    advsgm_paper_epsilon(1, num_nodes=n, num_edges=1000, batch_size=16, k=2, sigma=5.0, delta=1e-5)  # first-call costs
+    timers = Timers()
+    timers.wrap(PaperStop, "on_train_start", "stop_rule")
+    timers.wrap(PaperStop, "on_train_batch_end", "stop_rule_step", keep=True)
+    dm = AdvSGMPaperDataModule(data, batch_size=16, neg_per_pos=2, sampling_seed=0)
+    module = DPSkipGramModule(mode="paper", dim=16, lr=0.1, paper_rounds=15)
+    stop = PaperStop(cfg["target"], max_iterations=cfg["iterations"])
+    trainer = pl.Trainer(callbacks=[stop], max_steps=10 * cfg["iterations"], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         limit_val_batches=0)
+    t = time.perf_counter()
+    trainer.fit(module, dm)
+    fit_s = time.perf_counter() - t
+    spec = dm.sampling_spec
+    sizes = dict(num_nodes=spec.num_nodes, num_edges=spec.num_edges, batch_size=16, k=2, sigma=float(module.hparams.paper_sigma),
+                 delta=stop.delta)
+    t = time.perf_counter()
+    for it in range(1, stop.iterations + 1):  # what the stop rule did before: Theorem 7 recomputed every iteration
+        advsgm_paper_epsilon(it, **sizes)
+    before_s = time.perf_counter() - t
+    start_s, step_s = timers.total.get("stop_rule", 0.0), timers.total.get("stop_rule_step", 0.0)
+    rule_s = start_s + step_s
+    return {"stop_rule_at_start_s": start_s, "stop_rule_per_iteration_ms": 1e3 * step_s / max(stop.iterations, 1), "graph": {"nodes": n, "edges": int(spec.num_edges)}, "iterations": stop.iterations, "fit_s": fit_s,
+            "stop_rule_s": rule_s, "stop_rule_share": rule_s / fit_s, "recomputed_theorem7_s": before_s,
+            "recomputed_share": before_s / (fit_s - rule_s + before_s),
+            "nominal_epsilon": module.paper_claim["nominal_epsilon"]}
+
+
+WORKERS = {"calib": worker_calib, "steps": worker_steps, "fit": worker_fit, "quickstart": worker_quickstart,
+           "advsgm": worker_advsgm}
 
 
 # --------------------------------------------------------------------------- parent

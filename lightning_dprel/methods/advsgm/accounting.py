@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 
 from lightning_dprel.accounting.analysis.substitution import poisson_gaussian_rdp
-from lightning_dprel.accounting.conversion import rdp_to_epsilon
+from lightning_dprel.accounting.conversion import conversion_constants, epsilon_from_constants, rdp_to_epsilon
 from lightning_dprel.accounting.mechanisms.per_example import (
     per_example_poisson_gaussian, per_example_poisson_gaussian_pld,
 )
@@ -135,7 +135,10 @@ def advsgm_paper_curve(
     orders = DEFAULT_ORDERS if orders is None else np.asarray(orders, dtype=float)
     spec = advsgm_paper_sampling(num_nodes=num_nodes, num_edges=num_edges, batch_size=batch_size, k=k)
     per_iter = _advsgm_paper(spec, check_noise_multiplier(sigma), orders)
-    return lambda iterations: rdp_to_epsilon(orders, int(iterations) * per_iter, delta)[0]
+    rdp_to_epsilon(orders, per_iter, delta)  # validates the orders and δ once
+    per_iter = np.maximum(np.nan_to_num(per_iter, nan=np.inf, posinf=np.inf), 0.0)
+    c1, c2 = conversion_constants(orders)
+    return lambda iterations: epsilon_from_constants(orders, c1, c2, int(iterations) * per_iter, delta)[0]
 
 
 def advsgm_paper_stop_iteration(

@@ -1,0 +1,131 @@
+"""Accounting off the hot path: the fast PLD paths give dp-accounting's numbers, a fit's ε curve is computed once and
+read per step, a changed plan is recomputed, AdvSGM's Theorem 7 is read from a curve, the CLI stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as dp_pld
+from scipy import special
+from scipy.stats import binom
+
+from lightning_dprel.accounting import Accountant, pld
+from lightning_dprel.accounting.mechanisms import PLD_CURVES
+from lightning_dprel.core.specs import SamplingSpec
+
+DELTA = 1e-5
+
+
+def _same_pmfs(ours, theirs) -> None:
+    assert ours._symmetric == theirs._symmetric
+    for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+        assert type(a) is type(b)
+        a, b = (a, b) if hasattr(a, "_probs") else (a.to_dense_pmf(), b.to_dense_pmf())
+        assert a._lower_loss == b._lower_loss and a._infinity_mass == b._infinity_mass
+        assert np.array_equal(a._probs, b._probs)
+
+
+@pytest.mark.parametrize("q, sigma", [(1.0, 2.0), (0.3, 0.5), (0.05, 0.88), (0.01, 1.0), (1e-3, 0.7)])
+def test_the_gaussian_pld_is_dp_accountings_bit_for_bit(q, sigma):
+    width = pld.discretization_for(q)
+    ours = pld.poisson_gaussian_pld(q, sigma, width)
+    _same_pmfs(ours, dp_pld.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=width))
+
+
+@pytest.mark.parametrize("k, gamma, sigma", [(5, 0.01, 1.5), (3, 0.1, 0.9), (2, 0.3, 2.0)])
+def test_the_mixture_pld_is_dp_accountings_bit_for_bit(k, gamma, sigma):
+    probs = [float(w) for w in binom.pmf(range(k + 1), k, gamma)]
+    probs[-1] = max(probs[-1], 1.0 - sum(probs[:-1]))
+    sens = [float(i) for i in range(k + 1)]
+    ours = pld.mixture_gaussian_pld(sigma, sens, probs, 1e-2)
+    _same_pmfs(ours, dp_pld.from_mixture_gaussian_mechanism(sigma, sens, probs, value_discretization_interval=1e-2))
+
+
+@pytest.mark.parametrize("count", [2, 7, 41, 500])
+def test_self_composition_is_dp_accountings_bit_for_bit(count):
+    for one in (pld.poisson_gaussian_pld(0.05, 0.88, 1e-3), pld.replace_one_pld(0.05, 1.0, 1e-3), pld.gaussian_pld(3.0)):
+        _same_pmfs(pld.self_composed(one, count), one.self_compose(count))
+
+
+def test_the_moments_of_the_truncation_bounds_are_scipys_logsumexp():
+    pmf = pld.poisson_gaussian_pld(0.05, 0.88, 1e-3)._pmf_add
+    orders, log_mgfs = pld._log_mgfs(pmf)
+    n = len(pmf._probs)
+    assert log_mgfs == [special.logsumexp(np.arange(n) * o, b=pmf._probs) for o in orders]
+
+
+def test_pld_epsilon_is_dp_accountings_to_1e_12():
+    for one in (pld.poisson_gaussian_pld(0.05, 0.88, 1e-3), pld.poisson_gaussian_pld(1e-3, 0.6, 1e-4), pld.gaussian_pld(0.3)):
+        for count in (1, 3, 40, 300):
+            composed = pld.self_composed(one, count)
+            for delta in (1e-3, 1e-5, 1e-8, 1e-12):
+                theirs = composed.get_epsilon_for_delta(delta)
+                assert pld.pld_epsilon(composed, delta) == pytest.approx(theirs, rel=1e-12, abs=1e-12)
+
+
+def _spec(q: float = 0.05) -> SamplingSpec:
+    return SamplingSpec(population=2000, contribution_bound=1, sampling_rate=q, expected_batch_size=2000 * q,
+                        steps_per_epoch=20, privacy_unit="example")
+
+
+def _exact(steps: list[tuple[float, int]]) -> float:
+    """ε of these (σ, steps) runs from a fresh accountant, with no shared curve."""
+    PLD_CURVES.clear()
+    acc = Accountant("poisson_gaussian")
+    for sigma, n in steps:
+        acc.step(_spec(), sigma, n)
+    return acc.get_epsilon(DELTA)
+
+
+def test_a_planned_fit_reads_its_epsilon_curve_without_composing(monkeypatch):
+    PLD_CURVES.clear()
+    planner = Accountant("poisson_gaussian")
+    planner.plan(DELTA, _spec(), 0.9, 40)
+    calls = []
+    real = pld.self_composed
+    monkeypatch.setattr("lightning_dprel.accounting.accountant.self_composed", lambda *a: calls.append(a) or real(*a))
+    fit, live = Accountant("poisson_gaussian"), []
+    for _ in range(40):
+        fit.step(_spec(), 0.9)
+        live.append(fit.live_epsilon(DELTA))
+    assert calls == []  # every step read the curve computed at the plan
+    monkeypatch.undo()
+    for t in (1, 7, 10, 40):
+        exact = _exact([(0.9, t)])
+        assert exact <= live[t - 1] and (t > 10 or live[t - 1] == exact)  # exact on 1…10, then the next grid count's
+
+
+def test_a_changed_plan_is_recomputed_exactly():
+    PLD_CURVES.clear()
+    acc = Accountant("poisson_gaussian")
+    acc.plan(DELTA, _spec(), 0.9, 20)
+    acc.step(_spec(), 0.9, 20)
+    acc.step(_spec(), 1.3, 15)  # another σ: a run the plan did not cover
+    assert acc.get_epsilon(DELTA) == _exact([(0.9, 20), (1.3, 15)])
+    acc.step(_spec(), 1.3, 30)  # beyond any plan
+    assert acc.get_epsilon(DELTA) == _exact([(0.9, 20), (1.3, 45)])
+
+
+def test_the_accounting_cli_loads_neither_torch_nor_dp_accounting_for_an_rdp_bound():
+    code = ("import sys, io, contextlib\nfrom lightning_dprel.accounting.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['epsilon', '--nodes', '2708', '--edges', '5000', '--max-degree', '5', '--sampling-rate', '0.01', "
+            "'--neg-per-pos', '1', '--noise-multiplier', '1.0', '--steps', '1000', '--clipping', 'freq'])\n"
+            "print(sorted(m for m in ('torch', 'dp_accounting', 'pytorch_lightning', 'scipy.stats') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_advsgm_theorem_7_is_read_from_a_curve_computed_once(monkeypatch):
+    from lightning_dprel.methods.advsgm import accounting as advsgm
+
+    sizes = dict(num_nodes=200, num_edges=900, batch_size=16, k=2, sigma=5.0, delta=1e-5)
+    expected = {t: advsgm.advsgm_paper_epsilon(t, **sizes) for t in (1, 17, 100)}
+    calls = []
+    real = advsgm._advsgm_paper
+    monkeypatch.setattr(advsgm, "_advsgm_paper", lambda *a: calls.append(a) or real(*a))
+    curve = advsgm.advsgm_paper_curve(**sizes)
+    assert {t: curve(t) for t in (1, 17, 100)} == expected and len(calls) == 1
