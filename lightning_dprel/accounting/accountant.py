@@ -60,6 +60,16 @@ def check_accountant(accountant: str) -> str:
     return accountant
 
 
+#: (history id, run, steps) → the id of that history followed by the run: equal histories get equal ids (exact: a
+#: dictionary, no hashing of long tuples per step), 0 is the empty history.
+_HISTORIES: dict[tuple, int] = {}
+
+
+def _history_after(history: int, run: tuple, count: int) -> int:
+    """The id of ``history`` followed by ``count`` steps of ``run``."""
+    return _HISTORIES.setdefault((history, run, int(count)), len(_HISTORIES) + 1)
+
+
 def _grid_count(count: int) -> int:
     """The smallest count of the live grid that is ≥ ``count``."""
     if count <= _LIVE_GRID_EXACT:
@@ -122,7 +132,7 @@ class Accountant:
         self._steps = 0
         # PLD: closed runs still to fold into the prefix, the prefix, and caches valid until a run closes.
         self._pld_pending: list[tuple[tuple, int]] = []
-        self._history: tuple = ()  # the closed runs as ((mechanism, sampling, σ), steps): the key of the shared ε curves
+        self._history = 0  # the closed runs ((mechanism, sampling, σ), steps), as an id: the key of the shared ε curves
         self._pld_prefix: Any = None  # built on first use, on this composition's grid
         self._pld_ok = self.accountant == "pld"
         self._pld_cache: dict[tuple, Any] = {}
@@ -137,7 +147,7 @@ class Accountant:
             self._closed = self._closed + self._count(self._run, self._run_count) * self._run_rdp
             if self._pld_ok:
                 self._pld_pending.append((self._run, self._run_count))
-                self._history += ((self._run, self._run_count),)
+                self._history = _history_after(self._history, self._run, self._run_count)
         self._pld_cache = {}
 
     # -- public API -------------------------------------------------------------------------------------
@@ -301,7 +311,7 @@ class Accountant:
             return identity_pld(self._interval or VALUE_DISCRETIZATION) if head is None else head
         return pld if head is None else head.compose(pld)
 
-    def _curve(self, delta: float, history: tuple, run: tuple) -> dict[int, float]:
+    def _curve(self, delta: float, history: int, run: tuple) -> dict[int, float]:
         """The shared ε curve {steps of ``run``: PLD ε} after ``history`` (:data:`PLD_CURVES`, the 256 last used)."""
         key = (self._interval, delta, history, run)
         curve = PLD_CURVES.pop(key, None)
@@ -335,7 +345,7 @@ class Accountant:
             return self._pld_at(delta, self._run_count + n)
         if run is None or n == 0:
             return pld_epsilon(self._then(None, 0), delta)
-        history = self._history + (((self._run, self._run_count),) if self._run is not None else ())
+        history = self._history if self._run is None else _history_after(self._history, self._run, self._run_count)
         curve = self._curve(delta, history, run)  # the curve this run will read once the open run closes
         if n not in curve:
             head = self._pld_cache.get(("head", self._run_count), ...)
