@@ -14,7 +14,8 @@ the timed steps (model included); on CPU, the rise of the peak resident set size
 Before timing, the ghost path's clipped sums are checked against the vmap path's in float64 on a tiny model
 (MLP, tiny BERT with and without LoRA; FREQ-CLIP and standard clipping): max |difference| must be ≤ 1e-10.
 
-Usage: ``python benchmarks/bench_private_step.py [--encoders mlp,minilm] [--batches 32,128,512] [--model PATH]``
+Usage: ``python benchmarks/bench_private_step.py [--encoders mlp,minilm] [--batches 32,128,512] [--model PATH] [--modes a,b] [--rounds 5]``
+(``--rounds``: each mode once per round, fresh processes, order alternating; b/a is the median of the rounds' ratios)
 (GPU machine: ``bash benchmarks/gpu_private_step.sh``). Results go to ``benchmarks/results/private_step_<device>.json``.
 
 One torch thread per worker on CPU by default: on a shared machine, OpenMP barriers of 2+ threads stall
@@ -27,6 +28,7 @@ import argparse
 import json
 import multiprocessing as mp
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -212,6 +214,26 @@ def run(encoder_name: str, mode: str, steps: int, threads: int, config: dict) ->
     return result
 
 
+def _rounds(name: str, modes: list[str], steps: int, threads: int, config: dict, rounds: int) -> tuple[dict, list[float]]:
+    """Each mode once per round in a fresh process, the order alternating; per mode the medians over the rounds."""
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            runs[mode].append(run(name, mode, steps, threads, config))
+    res = {}
+    for mode, rs in runs.items():
+        bad = [x for x in rs if "error" in x]
+        if bad:
+            res[mode] = bad[0]
+            continue
+        res[mode] = {**rs[0], **{k: statistics.median(x[k] for x in rs) for k in ("median_s", "peak_mib", "warmup_s")},
+                     "min_s": min(x["min_s"] for x in rs),
+                     "noise_s": statistics.median(x["noise_s"] for x in rs) if rs[0].get("noise_s") else None}
+    ok = {"a", "b"} <= set(res) and all("error" not in res[m] for m in ("a", "b"))
+    per_round = [b["median_s"] / a["median_s"] for a, b in zip(runs["a"], runs["b"])] if ok and rounds > 1 else []
+    return res, per_round
+
+
 def check_equal_float64() -> float:
     """Max |ghost − vmap| over the clipped sums of MLP, tiny BERT (+/− LoRA), FREQ-CLIP and standard, in float64."""
     from lightning_dprel.core.clipping import factors_from_norms
@@ -257,6 +279,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker on CPU (1: stable on a shared box)")
     parser.add_argument("--model", default=MODEL, help="MiniLM-L6 name or local folder (GPU machine: /tmp/minilm)")
     parser.add_argument("--skip-opacus", action="store_true")
+    parser.add_argument("--modes", default=None, help="comma-separated modes (default a,b,v,c)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (fresh processes; ratios are medians of the rounds')")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = device == "cuda"
@@ -270,12 +294,12 @@ def main() -> None:
     print(f"float64 check, clipped sums ghost vs vmap (MLP, tiny BERT ± LoRA; FREQ-CLIP, standard): max |diff| = {worst:.1e} "
           f"({'ok' if worst <= 1e-10 else 'FAILED'}: ≤ 1e-10)")
     record = {"device": where, "torch": torch.__version__, "k": K_NEG, "float64_max_diff": worst, "rows": []}
-    modes = [m for m in MODES if not (args.skip_opacus and m[0] == "c")]
+    modes = [m for m in MODES if not (args.skip_opacus and m[0] == "c") and (args.modes is None or m[0] in args.modes.split(","))]
     for name in args.encoders.split(","):
         for b in batches:
             steps = steps_mlp if name == "mlp" else steps_minilm
             config = {"b": b, "seq_len": seq_len, "model": args.model, "device": device}
-            res = {mode: run(name, mode, steps, args.threads, config) for mode, _ in modes}
+            res, per_round = _rounds(name, [m for m, _ in modes], steps, args.threads, config, args.rounds)
             label = "MLP (64→256→256→64)" if name == "mlp" else f"MiniLM-L6 + LoRA r=8, {seq_len} tokens"
             unit = "peak GPU memory" if gpu else "peak RSS rise"
             print(f"\n{label}, b = {b}: median of {steps} steps after one warm-up")
@@ -288,7 +312,13 @@ def main() -> None:
                 print(f"  {title:<36} {r['median_s'] * 1e3:9.1f} ms (min {r['min_s'] * 1e3:.1f})   {unit} {r['peak_mib']:9.1f} MiB{chunk}")
             ok = all("error" not in res[m] for m, _ in modes)
             row = {"encoder": name, "b": b, "seq_len": seq_len, **{m: {k: v for k, v in res[m].items() if k != "norms"} for m, _ in modes}}
-            if ok:
+            if ok and per_round:  # side by side: the median of the rounds' own ratios
+                noise = [res["b"]["noise_s"] / res["a"]["median_s"]] if res["b"].get("noise_s") else [0.0]
+                row.update(ratio_b_over_a=statistics.median(per_round), ratio_b_over_a_per_round=per_round,
+                           ratio_b_without_noise_over_a=statistics.median(per_round) - noise[0])
+                print(f"  b/a over {len(per_round)} alternating rounds: median {row['ratio_b_over_a']:.2f} (per round "
+                      f"{', '.join(f'{x:.2f}' for x in per_round)}); without the noise draw {row['ratio_b_without_noise_over_a']:.2f}")
+            if ok and "v" in res:
                 a, bb, v = res["a"], res["b"], res["v"]
                 mem = a["peak_mib"] >= 8.0  # a CPU peak-RSS rise of a few MiB is not a baseline to divide by
                 ratios = {"b/a": bb["median_s"] / a["median_s"], "v/a": v["median_s"] / a["median_s"]}

@@ -78,6 +78,16 @@ def test_keyed_stream_is_aes_ctr_box_muller_exactly():
     assert stream.state_dict() == {"tag": "noise", "seed": 7, "counter": 2}
 
 
+def test_keyed_stream_draws_many_blocks_as_one_pass():
+    from lightning_dprel.core.randomness import _BOX_MULLER_BLOCK
+
+    n = 2 * (2 * _BOX_MULLER_BLOCK + 3) - 1  # three blocks, the last partial; odd pairs: the u2 words start mid-block
+    got = KeyedStream.seeded(11, "blocks", warn=False).normal(n, 0.5, dtype=torch.float64).numpy()
+    np.testing.assert_allclose(got, 0.5 * _reference_stream_normal(11, "blocks", 0, n), rtol=4e-15, atol=1e-15)
+    f32 = KeyedStream.seeded(11, "blocks", warn=False).normal(n, 0.5)
+    assert torch.equal(f32, torch.from_numpy(got).float())
+
+
 def test_keyed_stream_gaussians_pass_distribution_tests():
     z = KeyedStream.seeded(0, "dist", warn=False).normal(400_001, 1.0, dtype=torch.float64).numpy()
     assert stats.kstest(z, "norm").pvalue > 1e-3

@@ -57,6 +57,8 @@ class Outer:
 
     def norms_sq(self) -> Tensor:
         a, g = self.a, self.g
+        if a.shape[1] == 1 and not self.ids:  # one row per example: ‖g aᵀ‖² = ‖a‖²‖g‖², no Gram matrices
+            return _sq_norms(a, a.shape[0]) * _sq_norms(g, g.shape[0])
         if self.ids:
             same = (a.unsqueeze(2) == a.unsqueeze(1)).to(g.dtype)
         else:
@@ -154,9 +156,20 @@ def _work_dtype(t: Tensor) -> torch.dtype:
     return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _clean(t: Tensor, dropped: Tensor) -> Tensor:
-    """``t`` with dropped examples' rows zeroed (0·NaN is NaN), without a device sync."""
-    return torch.where(dropped.reshape((-1,) + (1,) * (t.dim() - 1)), 0.0, t)
+def _clean(t: Tensor, dropped: Tensor | None) -> Tensor:
+    """``t`` with dropped examples' rows zeroed (0·NaN is NaN), without a device sync; ``t`` itself if None."""
+    return t if dropped is None else torch.where(dropped.reshape((-1,) + (1,) * (t.dim() - 1)), 0.0, t)
+
+
+def _dropped(factors: Tensor) -> Tensor | None:
+    """The rows with factor 0, or None when there are none on CPU (no pass over the pieces; a GPU is not synced)."""
+    dropped = factors == 0
+    return None if factors.device.type == "cpu" and not bool(dropped.any()) else dropped
+
+
+def _sq_norms(t: Tensor, size: int) -> Tensor:
+    """Each example's squared norm of a formed ``[B, ...]`` piece, in float64 (one pass: no float64 copy of ``t``)."""
+    return torch.linalg.vector_norm(t.reshape(size, -1), dim=1).double().pow(2)
 
 
 def _add(out: dict[str, Tensor], name: str, t: Tensor) -> None:
@@ -189,12 +202,12 @@ class LayerPieces:
 
     def norms_sq(self) -> Tensor | None:
         """Σ over this layer's parameters of ‖G_i‖², ``[B]`` (None: no output gradient came)."""
-        parts = [t.reshape(self.size, -1).pow(2).sum(1) for t in self.formed.values()]
+        parts = [_sq_norms(t, self.size) for t in self.formed.values()]
         parts += [o.norms_sq() for o in self.kept.values()]
         return torch.stack([p.double() for p in parts]).sum(0) if parts else None
 
-    def weighted_sum(self, factors: Tensor, dropped: Tensor) -> dict[str, Tensor]:
-        """Parameter name → Σ_i f_i·G_i (book-keeping for kept pieces); ``dropped``: f_i = 0."""
+    def weighted_sum(self, factors: Tensor, dropped: Tensor | None) -> dict[str, Tensor]:
+        """Parameter name → Σ_i f_i·G_i (book-keeping for kept pieces); ``dropped``: f_i = 0 (None: no row)."""
         out = {self.names[k]: torch.tensordot(factors.to(t.dtype), _clean(t, dropped), dims=1)
                for k, t in self.formed.items()}
         for k, o in self.kept.items():
@@ -240,19 +253,19 @@ class GhostGrads(TupleGradients):
                 parts.append(torch.stack(sq).sum(0) if sq else self._zeros(count))
             sq = torch.cat(parts) if parts else self._zeros(self.size)
             for t in self.formed.values():
-                sq = sq + t.reshape(self.size, -1).double().pow(2).sum(1).to(sq.device)
+                sq = sq + _sq_norms(t, self.size).to(sq.device)
             # a Gram sum of a ~0 gradient can round below 0 (NaN stays NaN)
             self._norms = sq.clamp(min=0.0).sqrt().to(self.dtype)
         return self._norms
 
     def weighted_sum(self, factors: Tensor) -> dict[str, Tensor]:
-        dropped = factors == 0
+        dropped = _dropped(factors)
         out: dict[str, Tensor] = {}
         start = 0
         for count, layers in self.chunks:
             part = slice(start, start + count)
             for pieces in layers.values():
-                for name, t in pieces.weighted_sum(factors[part], dropped[part]).items():
+                for name, t in pieces.weighted_sum(factors[part], None if dropped is None else dropped[part]).items():
                     _add(out, name, t)
             start += count
         for name, t in self.formed.items():
