@@ -38,7 +38,8 @@ class KeepSums(pl.Callback):
 
 @pytest.mark.parametrize("clip", [0.05, 100.0])
 @pytest.mark.parametrize("lever,names", [("today", {"M": "adapter.weight", "beta": "item_bias"}),
-                                         ("basis=3", {"M": "adapter.inner.weight", "w": "adapter.inner.bias"})])
+                                         ("basis=3", {"M": "adapter.inner.weight", "w": "adapter.inner.bias"}),
+                                         ("precondition=0.5", {"M": "adapter.inner.weight", "beta": "item_bias"})])
 def test_the_closed_form_clipped_sum_is_the_library_step(lever, names, clip):
     dm = dm_of(make_data(), recipe="entity")
     dm.setup("fit")
@@ -47,8 +48,10 @@ def test_the_closed_form_clipped_sum_is_the_library_step(lever, names, clip):
     batch = {"query": dm.entity_x[dm.train_entities[rows]], "items": dm.entity_items[rows]}
     dm.next_batch = lambda: batch
     kind, value = levers.lever_of(lever)
-    model = (EntityItemRanker(dm.item_x, dim=D, temperature=tau, item_bias=True) if kind == "today"
-             else EntityItemRanker(dm.item_x, dim=D, temperature=tau, public_basis=int(value)))
+    model = {"today": lambda: EntityItemRanker(dm.item_x, dim=D, temperature=tau, item_bias=True),
+             "basis": lambda: EntityItemRanker(dm.item_x, dim=D, temperature=tau, public_basis=int(value)),
+             "precondition": lambda: EntityItemRanker(dm.item_x, dim=D, temperature=tau, precondition=value,
+                                                      item_bias=True)}[kind]()
     keep = KeepSums()
     pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,

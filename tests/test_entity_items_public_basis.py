@@ -48,6 +48,23 @@ def test_the_ranker_starts_as_the_base_encoder_and_trains_k_squared_plus_k_coord
     assert sum(p.numel() for p in base.parameters() if p.requires_grad) == D * D
 
 
+def test_the_preconditioner_is_a_full_rank_reparametrisation_of_the_plain_adapter():
+    items = torch.nn.functional.normalize(torch.randn(30, D), dim=1)
+    plain = EntityItemRanker(items, dim=D, temperature=0.5)
+    model = EntityItemRanker(items, dim=D, temperature=0.5, precondition=0.5)
+    q = torch.randn(5, D)
+    assert torch.equal(model(q), plain(q))  # zero at the start: the base encoder
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == D * D
+    with torch.no_grad():
+        plain.adapter.weight.normal_()
+        # A = V_out·M with V_out invertible: M = V_out⁻¹·A gives the same scores
+        model.adapter.inner.weight.copy_(torch.linalg.solve(model.adapter.basis_out, plain.adapter.weight))
+    assert torch.allclose(model(q), plain(q), atol=1e-4)
+    s = torch.linalg.svdvals(items.double()).float()
+    scale = model.adapter.basis_out.norm(dim=0)
+    assert torch.allclose(scale, (s / s.mean()) ** -0.5, rtol=1e-4)  # rare item directions scaled up
+
+
 def _fit(dm, model, steps, **cb):
     cb = PrivacyCallback(delta=1e-5, clip_norm=1.0, **cb)
     torch.manual_seed(0)
@@ -116,6 +133,8 @@ def test_the_basis_and_the_adapter_survive_a_checkpoint(tmp_path):
     (dict(public_basis=0), ValueError, "public_basis"),
     (dict(public_basis=D + 1), ValueError, "public_basis"),
     (dict(public_basis=2.5), TypeError, "public_basis"),
+    (dict(precondition=float("nan")), ValueError, "precondition"),
+    (dict(precondition=0.5, rank=2), ValueError, "rank.*precondition"),
 ])
 def test_bad_settings_are_refused(kwargs, error, match):
     items = torch.randn(30, D)

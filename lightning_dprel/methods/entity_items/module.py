@@ -31,6 +31,8 @@ class EntityItemRanker(pl.LightningModule):
         public_basis: k: the adapter lives in the span of the public item embeddings' top-k right singular vectors
             (:class:`~lightning_dprel.methods.entity_items.public_basis.PublicBasisAdapter`; k² + k noised
             coordinates instead of d²). A function of public data only, so it costs no privacy.
+        precondition: γ: the adapter's output is written in the public items' singular directions scaled by
+            (s/s̄)^−γ (full rank unless ``public_basis``; public, so free of privacy cost).
         item_bias: learn a per-item bias β (a popularity prior).
         temperature: τ.
         lr: Adam's learning rate.
@@ -39,17 +41,19 @@ class EntityItemRanker(pl.LightningModule):
     """
 
     def __init__(self, item_x: Tensor | None = None, *, dim: int = 384, rank: int | None = None,
-                 public_basis: int | None = None, item_bias: bool = False,
+                 public_basis: int | None = None, precondition: float | None = None, item_bias: bool = False,
                  temperature: float = 0.05, lr: float = 3e-3, item_prior: Tensor | None = None,
                  query_weight: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["item_x", "item_prior"])  # the tensors travel in the state dict
         positive_finite("temperature", temperature)
         self.temperature, self.lr, self.query_weight = float(temperature), float(lr), float(query_weight)
-        if public_basis is not None:
+        if public_basis is not None or precondition is not None:
             if rank is not None:
-                raise ValueError("Give `rank` or `public_basis`, not both.")
-            self.adapter = PublicBasisAdapter(dim, public_basis, item_x)
+                raise ValueError("Give `rank` or `public_basis` / `precondition`, not both.")
+            basis = public_basis is not None
+            self.adapter = PublicBasisAdapter(dim, public_basis if basis else dim, item_x, precondition=precondition or 0.0,
+                                              project_input=basis, bias=basis)
         elif rank is None:
             self.adapter = nn.Linear(dim, dim, bias=False)
             nn.init.zeros_(self.adapter.weight)
