@@ -23,7 +23,7 @@ Levers (``--levers``, comma-separated; each also names its own row):
 
 Usage: ``python benchmarks/entities_items_levers.py [--levers today,basis=128] [--eps 1,4,10] [--seeds 0,1,2]``.
 Writes ``benchmarks/results/entities_items_levers.json`` (appends runs) and ``.md`` (the table, regenerated from the
-JSON with ``--table``). The shares are of the non-private gain over max(base, DP popularity at the same ε), read from
+JSON with ``--table``, also into ``docs/entities_items.md`` between its levers-table marks). The shares are of the non-private gain over max(base, DP popularity at the same ε), read from
 ``benchmarks/results/entities_items_cuda.json`` (the library benchmark's rows).
 """
 
@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "entities_items.md"
+MARKS = ("<!-- levers table: benchmarks/entities_items_levers.py --table -->", "<!-- end of the levers table -->")
 REFERENCE = RESULTS / "entities_items_cuda.json"
 CFG = dict(K=20, tau=0.05, lr=3e-3, b=2048.0, steps=200, clip_norm=1.0, val_every=20)
 
@@ -278,6 +280,11 @@ def main() -> None:
                     path.write_text(json.dumps({"config": CFG, "runs": runs}, indent=1))
     (out / "entities_items_levers.md").write_text(table(runs))
     print(table(runs), file=sys.stderr)
+    docs = DOCS.read_text() if DOCS.exists() else ""
+    if out.resolve() == RESULTS.resolve() and all(m in docs for m in MARKS):  # the docs page's copy of the table
+        head, rest = docs.split(MARKS[0], 1)
+        body = table(runs).split("\n", 4)[4]  # the rows, without the page title and config lines
+        DOCS.write_text(head + MARKS[0] + "\n" + body + rest[rest.index(MARKS[1]):])
 
 
 if __name__ == "__main__":
