@@ -1,7 +1,8 @@
 """A plain LightningModule that ranks public items for an entity's text: made private by ``PrivacyCallback``.
 
 score(e, j) = ⟨x_e + A·x_e, t_j⟩ / τ (+ β_j), x_e the entity's frozen text embedding, t_j the public item's, A a
-linear adapter (full or rank r, zero at the start: the base encoder) and β an optional per-item bias. The loss is the
+linear adapter (full, rank r, or k×k in the public items' top-k singular directions; zero at the start: the base
+encoder) and β an optional per-item bias. The loss is the
 mean over the example's items of −log softmax over all items, over the item and its k public negatives, or (a
 sampled softmax) over the example's items P and the step's S shared public items: the s drawn items that are not in
 P are a uniform sample of the n_items − |P| others, so their terms weighted by (n_items − |P|)/s estimate the full
@@ -16,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 from lightning_dprel.core.checks import positive_finite
+from lightning_dprel.methods.entity_items.public_basis import PublicBasisAdapter
 
 __all__ = ["EntityItemRanker"]
 
@@ -26,6 +28,11 @@ class EntityItemRanker(pl.LightningModule):
     Args:
         item_x: ``[n_items, d]`` public item embeddings (None: read from the datamodule's ``item_x`` at setup).
         rank: None (a full d×d adapter) or r (A = U·Vᵀ, rank r).
+        public_basis: k: the adapter lives in the span of the public item embeddings' top-k right singular vectors
+            (:class:`~lightning_dprel.methods.entity_items.public_basis.PublicBasisAdapter`; k² + k noised
+            coordinates instead of d²). A function of public data only, so it costs no privacy.
+        precondition: γ: the adapter's output is written in the public items' singular directions scaled by
+            (s/s̄)^−γ (full rank unless ``public_basis``; public, so free of privacy cost).
         item_bias: learn a per-item bias β (a popularity prior).
         temperature: τ.
         lr: Adam's learning rate.
@@ -33,14 +40,21 @@ class EntityItemRanker(pl.LightningModule):
             with ``query_weight=0`` the model ranks by it alone.
     """
 
-    def __init__(self, item_x: Tensor | None = None, *, dim: int = 384, rank: int | None = None, item_bias: bool = False,
+    def __init__(self, item_x: Tensor | None = None, *, dim: int = 384, rank: int | None = None,
+                 public_basis: int | None = None, precondition: float | None = None, item_bias: bool = False,
                  temperature: float = 0.05, lr: float = 3e-3, item_prior: Tensor | None = None,
                  query_weight: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["item_x", "item_prior"])  # the tensors travel in the state dict
         positive_finite("temperature", temperature)
         self.temperature, self.lr, self.query_weight = float(temperature), float(lr), float(query_weight)
-        if rank is None:
+        if public_basis is not None or precondition is not None:
+            if rank is not None:
+                raise ValueError("Give `rank` or `public_basis` / `precondition`, not both.")
+            basis = public_basis is not None
+            self.adapter = PublicBasisAdapter(dim, public_basis if basis else dim, item_x, precondition=precondition or 0.0,
+                                              project_input=basis, bias=basis)
+        elif rank is None:
             self.adapter = nn.Linear(dim, dim, bias=False)
             nn.init.zeros_(self.adapter.weight)
         else:
@@ -60,6 +74,8 @@ class EntityItemRanker(pl.LightningModule):
             if dm is None or getattr(dm, "item_x", None) is None:
                 raise ValueError("EntityItemRanker needs `item_x` (the public item embeddings) or a datamodule that has it.")
             self.item_x = dm.item_x.to(self.device)
+        if isinstance(self.adapter, PublicBasisAdapter) and not self.adapter.ready:
+            self.adapter.fit(self.item_x)
         if self._wants_bias and (self.item_bias is None or self.item_bias.numel() != self.item_x.size(0)):
             self.item_bias = nn.Parameter(torch.zeros(self.item_x.size(0), device=self.device))
 
