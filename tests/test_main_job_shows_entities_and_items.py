@@ -100,6 +100,7 @@ def test_the_hpo_main_job_is_this_recipe_at_epsilon_4():
     data = cfg["data"]["init_args"]
     assert cfg["data"]["class_path"].endswith("EntityItemDataModule") and data["recipe"] == "entity"
     assert data["source"]["class_path"].endswith("HPODiseasePhenotypes") and data["sampled_items"] > 0
+    assert cfg["model"]["init_args"]["precondition"] == 0.5  # the lever that won on validation (entities_items_levers)
     ref = json.loads((ROOT / cfg["reference_json"]).read_text())
     assert cfg["reference_row"] in ref["summary"]
 
