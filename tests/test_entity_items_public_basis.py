@@ -74,9 +74,10 @@ def _fit(dm, model, steps, **cb):
     return cb
 
 
-def test_made_private_it_is_charged_as_the_poisson_gaussian_of_dp_accounting():
+@pytest.mark.parametrize("lever", [dict(public_basis=4), dict(precondition=0.5)])
+def test_made_private_it_is_charged_as_the_poisson_gaussian_of_dp_accounting(lever):
     dm = dm_of(make_data(ne=500), recipe="entity", expected_batch_size=40.0)
-    model = EntityItemRanker(dim=D, lr=1e-2, public_basis=4)  # the basis is read from the datamodule at setup
+    model = EntityItemRanker(dim=D, lr=1e-2, **lever)  # the basis is read from the datamodule at setup
     cb = _fit(dm, model, 5, noise_multiplier=1.3)
     assert cb.steps == 5 and model.adapter.ready
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
