@@ -344,3 +344,23 @@ def test_resuming_a_banded_run_from_its_checkpoint_is_refused_before_a_step(tmp_
     assert "previous" not in str(state["optimizer_states"])  # no noise in the checkpoint
     saved = state["state_dict"]
     assert all(torch.equal(p, saved[n]) or torch.equal(p, b) for (n, p), b in zip(model.state_dict().items(), before))
+
+
+def test_banded_noise_set_on_the_optimizer_outside_the_banded_mode_is_refused_before_step_one():
+    from lightning_dprel.demos.boring_classes import BoringPrivateModule, quiet_trainer
+
+    class OwnBandedNoise(BoringPrivateModule):  # skips a drawn batch: only the banded mode's checks would catch it
+        def training_step(self, batch, batch_idx):
+            if batch_idx != 1:
+                super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            dp = super().configure_optimizers()
+            dp.set_correlated_noise(BandedNoise(2, (1.0, 0.5)))
+            return dp
+
+    model = OwnBandedNoise(clipping="standard")
+    loader = DPDataLoader(TensorDataset(torch.randn(60, 1)), batch_size=6, seed=0, partitions=2)
+    with pytest.raises(ValueError, match="noise='independent'"):
+        quiet_trainer([PrivacyCallback(delta=DELTA)], max_steps=5).fit(model, loader)
+    assert model.optimizer_steps == 0 and model.privacy_ledger.steps == 0

@@ -21,6 +21,7 @@ import numpy as np
 from lightning_dprel.accounting.conversion import check_delta, conversion_constants, epsilon_from_constants
 from lightning_dprel.accounting.mechanisms import (
     PLD_CURVES,
+    _generation,
     _lookup,
     _orders_key,
     check_noise_multiplier,
@@ -136,6 +137,7 @@ class Accountant:
         self._pld_prefix: Any = None  # built on first use, on this composition's grid
         self._pld_ok = self.accountant == "pld"
         self._pld_cache: dict[tuple, Any] = {}
+        self._generation = _generation()  # the registry this state was built under (shared curves only while current)
 
     def _count(self, run: tuple | None, n: int) -> int:
         """Per-step curves ``n`` steps of ``run`` compose (the mechanism's ``compositions``; n for most)."""
@@ -314,6 +316,8 @@ class Accountant:
     def _curve(self, delta: float, history: int, run: tuple) -> dict[int, float]:
         """The shared ε curve {steps of ``run``: PLD ε} after ``history`` (:data:`PLD_CURVES`, the 256 last used)."""
         key = (self._interval, delta, history, run)
+        if self._generation != _generation():  # a mechanism was replaced since: this state may hold its old PLDs
+            return self._pld_cache.setdefault(("curve", *key), {})  # so it reads and writes no shared curve
         curve = PLD_CURVES.pop(key, None)
         if curve is None and len(PLD_CURVES) >= 256:
             PLD_CURVES.pop(next(iter(PLD_CURVES)))

@@ -128,6 +128,7 @@ def register_mechanism(
         name, rdp, description, unit, coupled, label or name, tuple(clipping), accounting, warning, tuple(stands_in_for),
         bool(needs_sampling), pld, check_sampling, compositions,
     )
+    _GENERATION[0] += _REGISTRY.peek(name) is not None  # a replaced mechanism: accountants built before share no curve
     _REGISTRY[name] = mech
     _cached_rdp.cache_clear()
     _cached_pld.cache_clear()
@@ -254,6 +255,13 @@ def _cached_rdp(name: str, sampling: SamplingSpec, sigma: float, orders: tuple[f
 #: (grid width, δ, closed runs as ((mechanism, sampling, σ), steps), run) → {steps of the run: PLD ε}: the ε curve of
 #: a run after a history, shared by every Accountant with that history (calibration's, the callback's, the ledger's).
 PLD_CURVES: "dict[tuple, dict[int, float]]" = {}
+#: Mechanisms replaced so far: an Accountant built before the last replacement shares no ε curve (it may hold the old PLDs).
+_GENERATION = [0]
+
+
+def _generation() -> int:
+    """How many times a registered mechanism was replaced (``overwrite=True``) in this process."""
+    return _GENERATION[0]
 
 
 @lru_cache(maxsize=64)

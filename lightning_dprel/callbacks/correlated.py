@@ -80,8 +80,15 @@ def _sampler(trainer: Any) -> Any:
 
 
 def install_noise(trainer: Any, layer: Any, mode: Optional[dict[str, Any]]) -> None:
-    """Give the layer's one DP optimizer the banded noise of ``mode`` (None: independent noise), before step 1."""
+    """Give the layer's one DP optimizer the banded noise of ``mode`` (None: independent noise), before step 1; banded
+    noise set on the optimizer otherwise is refused (its sampler and one-step-per-batch checks are this mode's)."""
     if mode is None:
+        if getattr(getattr(layer, "_dp_optimizer", None), "correlation", None) is not None:
+            raise ValueError(
+                f"{type(layer).__name__}'s DP optimizer has banded correlated noise (set_correlated_noise), but the "
+                "PrivacyCallback was built with noise='independent': the checks its amplification needs (cyclic "
+                "Poisson batches, exactly one step per drawn batch) run only in the banded mode. Build the callback "
+                "with noise='banded', bands=b (it installs the noise), or call set_correlated_noise(None).")
         return
     from lightning_dprel.datamodules.poisson import DPDataLoader
 

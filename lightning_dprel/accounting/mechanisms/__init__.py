@@ -13,7 +13,7 @@ method: a lookup of a name not registered yet imports the method packages
 
 from lightning_dprel.accounting.registry import *  # noqa: F401,F403
 from lightning_dprel.accounting.registry import __all__ as _registry_all
-from lightning_dprel.accounting.registry import PLD_CURVES, _cached_rdp, _lookup, _orders_key  # noqa: F401 - the Accountant's fast path, its caches
+from lightning_dprel.accounting.registry import PLD_CURVES, _cached_rdp, _generation, _lookup, _orders_key  # noqa: F401 - the Accountant's fast path, its caches
 from lightning_dprel.accounting.mechanisms.per_example import (  # noqa: F401
     EXAMPLE_PRIVACY_UNIT,
     per_example_poisson_gaussian,
