@@ -13,6 +13,7 @@ from scipy import special
 from scipy.stats import binom
 
 from lightning_dprel.accounting import Accountant, pld
+from lightning_dprel.accounting.accountant import _grid_count
 from lightning_dprel.accounting.mechanisms import PLD_CURVES
 from lightning_dprel.core.specs import SamplingSpec
 
@@ -96,6 +97,59 @@ def test_a_planned_fit_reads_its_epsilon_curve_without_composing(monkeypatch):
     for t in (1, 7, 10, 40):
         exact = _exact([(0.9, t)])
         assert exact <= live[t - 1] and (t > 10 or live[t - 1] == exact)  # exact on 1…10, then the next grid count's
+
+
+@pytest.mark.parametrize("q, sigma", [(0.05, 0.9), (1.0, 1.0)])  # PLD below RDP; RDP below the grid's PLD at some steps
+def test_live_epsilon_read_every_step_equals_one_read_at_that_step(q, sigma):
+    """Per-step reads skip the RDP conversion only where RDP already exceeded the PLD earlier in the grid interval."""
+    PLD_CURVES.clear()
+    every, rdp_won = Accountant("poisson_gaussian"), 0
+    for t in range(1, 61):
+        every.step(_spec(q), sigma)
+        once = Accountant("poisson_gaussian")
+        once.step(_spec(q), sigma, t)
+        rdp = once.get_epsilon_and_order(DELTA)[0]
+        assert every.live_epsilon(DELTA) == once.live_epsilon(DELTA) == min(rdp, once._pld_at(DELTA, _grid_count(t)))
+        rdp_won += rdp < once._pld_at(DELTA, _grid_count(t))
+    assert (rdp_won > 0) == (q == 1.0)  # at q = 1 both branches of the min are read
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step`")
+def test_a_fit_without_a_target_plans_its_epsilon_curve_at_fit_start(monkeypatch):
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from lightning_dprel import DPDataLoader, PrivacyCallback
+    from projects import tabular_classifier_private as private
+
+    PLD_CURVES.clear()
+    calls, marks = [], {}
+    real = pld.self_composed
+    monkeypatch.setattr("lightning_dprel.accounting.accountant.self_composed", lambda *a: calls.append(a) or real(*a))
+
+    class Count(pl.Callback):  # after the privacy callback's hooks
+        def on_train_start(self, trainer, pl_module):
+            marks["start"] = len(calls)
+
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            marks["last"] = len(calls)
+
+    x = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
+    cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=0.9)
+    trainer = pl.Trainer(max_steps=40, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[cb, Count()])
+    with pytest.warns(UserWarning, match="seed"):
+        trainer.fit(private.MLPClassifier(6, 2), train_dataloaders=DPDataLoader(
+            TensorDataset(x, (x[:, 0] > 0).long()), batch_size=20.0, seed=0))
+    assert marks["start"] > 0 and marks["last"] == marks["start"]  # planned at fit start; no step composed a PLD
+    assert len(cb.history) == 40 and all(live >= _exact_at(cb._sampling, 0.9, t) * (1 - 1e-9) for t, live in cb.history)
+
+
+def _exact_at(spec: SamplingSpec, sigma: float, t: int) -> float:
+    acc = Accountant("poisson_gaussian")
+    acc.step(spec, sigma, t)
+    return acc.get_epsilon(DELTA)
 
 
 def test_a_changed_plan_is_recomputed_exactly():

@@ -210,11 +210,18 @@ class Accountant:
         the PLD at the next grid count of the open run (ε grows with steps), or RDP if smaller. With ``target``, a
         value above it is replaced by the exact ε, or by ``target`` itself when a halting search of this run
         (:meth:`steps_within`) already proved that the steps taken fit it."""
-        rdp = self.get_epsilon_and_order(delta)[0]
         if not self._pld_ok or self._run is None:
             return self.get_epsilon(delta)
         delta = check_delta(delta)
-        live = min(rdp, self._pld_at(delta, _grid_count(self._run_count)))
+        last, grid = self._pld_cache.get(("grid",), (0, 0))  # counts in [last, grid] share the grid count grid
+        if not last <= self._run_count <= grid:
+            grid = _grid_count(self._run_count)
+        self._pld_cache[("grid",)] = (self._run_count, grid)
+        live = pld = self._pld_at(delta, grid)
+        if self._pld_cache.get(("live", delta)) != grid:  # RDP grows with steps: once ≥ the PLD at grid, it stays ≥
+            rdp = self.get_epsilon_and_order(delta)[0]
+            live = min(rdp, pld)
+            self._pld_cache[("live", delta)] = grid if rdp >= pld else None
         if target is None or live <= target:
             return live
         proven = self._pld_cache.get(("within", delta, float(target), self._run, True, None))

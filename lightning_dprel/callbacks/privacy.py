@@ -118,10 +118,8 @@ class PrivacyCallback(Callback):
         self.accountant_kind = check_accountant(accountant)
         self._delta_arg, self._mechanism_arg, self._sampling_arg = delta, mechanism, sampling_spec
         self._allow_large_delta, self._noise_mode = bool(allow_large_delta), noise_mode(noise, bands, coefficients)
-        self.mechanism, self.delta = mechanism, delta
-        self.noise_multiplier: Optional[float] = None
-        self.stopped_step: Optional[int] = None
-        self.summary: Optional[str] = None
+        self.mechanism, self.delta, self.noise_multiplier = mechanism, delta, None  # σ: Optional[float]
+        self.stopped_step, self.summary = None, None  # Optional[int], Optional[str]
         self.history: list[tuple[int, float]] = []  # (private steps in the ledger, ε) after every step
         self._calibrated = False  # σ was calibrated for this plan (its value lives in the module's DP optimizer)
         self._sampling: Optional[SamplingSpec] = None
@@ -216,9 +214,8 @@ class PrivacyCallback(Callback):
         if warning and warning not in self._warned:
             rank_zero_warn(warning, category=UserWarning)
             self._warned.add(warning)
-        if self.target_epsilon is not None:
-            self._horizon_end = horizon_end(trainer, sampling, self._ledger)
-            self._check_budget_at_start(trainer, sampling, noise)
+        self._horizon_end = horizon_end(trainer, sampling, self._ledger)
+        self._check_budget_at_start(trainer, sampling, noise)  # the fit's ε curve, once; the halt with a target
 
     @override
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
@@ -344,7 +341,10 @@ class PrivacyCallback(Callback):
 
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
         sigma, acc = self._next_sigma(noise), self.accountant
-        acc.plan(self.delta, sampling, sigma, self._horizon())  # the fit's ε curve, once: each step reads it
+        if acc is not None and (self.target_epsilon is not None or self._horizon_end is not None):
+            acc.plan(self.delta, sampling, sigma, self._horizon())  # each step reads it
+        if self.target_epsilon is None:  # no budget to halt at
+            return
         stop, next_eps = self._budget().next_step(acc, sampling, sigma, horizon=self._horizon())
         if not stop:
             return

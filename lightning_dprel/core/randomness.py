@@ -195,7 +195,8 @@ class KeyedStream:
         direct = out.numpy() if dtype in (torch.float32, torch.float64) else None  # else cast per block
         size = min(_BOX_MULLER_BLOCK, pairs)
         key = self._call_key()  # u1 words are the keystream's first 8·pairs bytes, u2 words the next: read by block
-        u1_words, u2_words = _Keystream(key, 0, size), _Keystream(key, 8 * pairs, size)
+        u1_words = _Keystream(key, 0, size)
+        u2_words = u1_words if pairs <= size else _Keystream(key, 8 * pairs, size)  # one block: read on after u1's
         radius, angle, trig = np.empty(size), np.empty(size), torch.empty(size, dtype=torch.float64)
         for start in range(0, pairs, _BOX_MULLER_BLOCK):
             stop = min(start + _BOX_MULLER_BLOCK, pairs)
