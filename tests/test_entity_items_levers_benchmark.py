@@ -70,3 +70,14 @@ def test_the_closed_form_clipped_sum_is_the_library_step(lever, names, clip):
 def test_an_unknown_lever_is_refused(name):
     with pytest.raises(ValueError, match="unknown lever"):
         levers.lever_of(name)
+
+
+def test_the_docs_levers_table_is_the_one_the_json_gives():
+    """docs/entities_items.md's table is regenerated from the runs (``--table``), not typed: it cannot drift from them."""
+    import json
+
+    runs = json.loads((levers.RESULTS / "entities_items_levers.json").read_text())["runs"]
+    rows = levers.table(runs).split("\n", 4)[4]  # the rows, as main() writes them into the page
+    assert levers.MARKS[0] + "\n" + rows + levers.MARKS[1] in levers.DOCS.read_text()
+    assert {(r["lever"], r["epsilon"], r.get("fraction", 1.0)) for r in runs} >= {("today", 4.0, 1.0),
+                                                                                   ("precondition=0.5", 4.0, 1.0)}
