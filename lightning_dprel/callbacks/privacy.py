@@ -342,7 +342,7 @@ class PrivacyCallback(Callback):
     def _check_budget_at_start(self, trainer: "pl.Trainer", sampling: SamplingSpec, noise: NoiseSpec) -> None:
         sigma, acc = self._next_sigma(noise), self.accountant
         if acc is not None and (self.target_epsilon is not None or self._horizon_end is not None):
-            acc.plan(self.delta, sampling, sigma, self._horizon())  # each step reads it
+            acc.plan(self.delta, sampling, sigma, min(self._horizon(), 2**16))  # read per step; later counts lazily
         if self.target_epsilon is None:  # no budget to halt at
             return
         stop, next_eps = self._budget().next_step(acc, sampling, sigma, horizon=self._horizon())
