@@ -71,13 +71,18 @@ def _history_after(history: int, run: tuple, count: int) -> int:
     return _HISTORIES.setdefault((history, run, int(count)), len(_HISTORIES) + 1)
 
 
+def _next_grid(count: int) -> int:
+    """The live grid's count after ``count`` (a grid count): +1 up to 10, then ×1.1 rounded up."""
+    return count + 1 if count < _LIVE_GRID_EXACT else max(count + 1, math.ceil(count * LIVE_GRID_RATIO))
+
+
 def _grid_count(count: int) -> int:
     """The smallest count of the live grid that is ≥ ``count``."""
     if count <= _LIVE_GRID_EXACT:
         return count
     g = _LIVE_GRID_EXACT
     while g < count:
-        g = max(g + 1, math.ceil(g * LIVE_GRID_RATIO))
+        g = _next_grid(g)
     return g
 
 
@@ -348,7 +353,7 @@ class Accountant:
         count, last = _grid_count(base + 1), _grid_count(base + check_step_count("steps", steps))
         while count <= last:
             self._pld_total(delta, run, count - base)
-            count = count + 1 if count < _LIVE_GRID_EXACT else max(count + 1, math.ceil(count * LIVE_GRID_RATIO))
+            count = _next_grid(count)
 
     def _pld_total(self, delta: float, run: tuple | None, n: int) -> float:
         """ε of everything so far plus ``n`` steps of ``run`` (the open run continued, or a new run after it)."""
