@@ -183,3 +183,36 @@ def test_advsgm_theorem_7_is_read_from_a_curve_computed_once(monkeypatch):
     monkeypatch.setattr(advsgm, "_advsgm_paper", lambda *a: calls.append(a) or real(*a))
     curve = advsgm.advsgm_paper_curve(**sizes)
     assert {t: curve(t) for t in (1, 17, 100)} == expected and len(calls) == 1
+
+
+def test_the_bar_shows_the_live_epsilon_of_every_step_and_lightning_logs_it_only_when_it_changes(monkeypatch):
+    """``self.log`` costs more than the live ε itself; the bar (and ``callback_metrics``) keep a value until it is logged
+    again, so ε is handed to Lightning only when it changes, and after every step the bar shows that step's ε."""
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from lightning_dprel import DPDataLoader, PrivacyCallback
+    from projects import tabular_classifier_private as private
+
+    logged, shown = [], []
+    real = pl.LightningModule.log
+    monkeypatch.setattr(pl.LightningModule, "log", lambda self, name, value, *a, **k: (
+        logged.append(value) if name == "epsilon" else None, real(self, name, value, *a, **k))[1])
+
+    class Bar(pl.Callback):  # after the privacy callback's hooks
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            shown.append((float(trainer.progress_bar_metrics["epsilon"]), float(trainer.callback_metrics["epsilon"])))
+
+    x = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
+    cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=0.9)
+    trainer = pl.Trainer(max_steps=60, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[cb, Bar()])
+    with pytest.warns(UserWarning, match="seed"):
+        trainer.fit(private.MLPClassifier(6, 2), train_dataloaders=DPDataLoader(
+            TensorDataset(x, (x[:, 0] > 0).long()), batch_size=20.0, seed=0))
+    live = [e for _, e in cb.history]
+    assert len(live) == 60 and [b for b, _ in shown] == pytest.approx(live, rel=1e-6)
+    assert [c for _, c in shown] == pytest.approx(live, rel=1e-6)  # over 3 epochs: Lightning's epoch resets keep it
+    changes = 1 + sum(a != b for a, b in zip(live, live[1:]))
+    assert len(logged) == changes < 60  # one self.log per new value, none for a repeated one

@@ -85,3 +85,47 @@ def test_frozen_parameters_are_left_out_and_a_layer_with_nothing_to_train_is_not
     formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
     assert set(tapped.grads.shapes()) == set(params)
     torch.testing.assert_close(tapped.grads.norms(), formed.grads.norms(), atol=1e-5, rtol=1e-5)
+
+
+def _assert_same(tapped, formed, size):
+    torch.testing.assert_close(tapped.grads.norms(), formed.grads.norms(), atol=1e-5, rtol=1e-5)
+    factors = torch.rand(size)
+    want, got = formed.grads.weighted_sum(factors), tapped.grads.weighted_sum(factors)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-5)
+
+
+def test_the_taps_kept_across_steps_are_taken_again_when_an_output_changes_shape():
+    """The tapped layers' outputs of one example are kept from step to step (no dry run each step); a batch whose
+    outputs have another shape (one token, then five: a kept tap would broadcast) is tapped anew, still exact."""
+    torch.manual_seed(0)
+    module = Step("sequence")
+    params = dict(module.named_parameters())
+    layers, kept = tapped_layers(module, params), {}
+    for length in (1, 1, 5, 3, 3):
+        batch = [torch.randn(6, length, 6), torch.randint(0, 3, (6,))]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params, layers, kept)
+            formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
+        assert sorted(tapped.grads.rows) == TAPPED["sequence"]
+        assert {n: tuple(t.shape) for n, t in kept.items()} == {"net.0": (1, length, 8), "net.2": (1, length, 3)}
+        _assert_same(tapped, formed, 6)
+
+
+def test_a_kept_tap_never_changes_the_dtype_of_a_layer_output():
+    """A float32 tap kept from a float32 step is not added to a float64 output (that would cast it): tapped anew."""
+    torch.manual_seed(0)
+    module = Step("rows")
+    params = dict(module.named_parameters())
+    layers, kept = tapped_layers(module, params), {}
+    batch = [torch.randn(5, 4), torch.randint(0, 3, (5,))]
+    user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params, layers, kept)
+    module.double()
+    params = dict(module.named_parameters())
+    batch = [batch[0].double(), batch[1]]
+    tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params, layers, kept)
+    formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
+    assert all(t.dtype == torch.float64 for t in kept.values())
+    assert tapped.losses.dtype == torch.float64
+    _assert_same(tapped, formed, 5)

@@ -124,7 +124,7 @@ class PrivacyCallback(Callback):
         self._calibrated = False  # σ was calibrated for this plan (its value lives in the module's DP optimizer)
         self._sampling: Optional[SamplingSpec] = None
         self._ledger: Optional[PrivacyLedger] = None
-        self._lookahead = 1  # samples (steps) per training batch, as last observed
+        self._lookahead, self._shown = 1, None  # samples (steps) per training batch, as last observed; ε on the bar
         self._releases = 1  # noised sums released per sample, as last observed
         self._steps_seen = 0  # the ledger's private steps at the last batch end
         self._horizon_end: Optional[int] = None  # private steps the ledger will hold when this fit's plan ends
@@ -201,7 +201,7 @@ class PrivacyCallback(Callback):
         self._ledger = ledger_of(layer)
         layer.open_fit(sampling, noise)  # once per fit: the ledger's sampling and the mechanism check
         self._watch = watch_updates(trainer, pl_module, self._ledger, keep_logs=self._log_private)
-        self._steps_seen = self._ledger.private_steps
+        self._steps_seen, self._shown = self._ledger.private_steps, None
         declared = int(layer.releases_per_sample)  # noised sums one batch releases on its sample
         self._releases = max(declared, self._ledger.last_releases if self._ledger.private_steps else 1)
         self._resolve_delta(sampling)
@@ -262,8 +262,9 @@ class PrivacyCallback(Callback):
                 self._sampling, sigma, self.delta, self._lookahead))
 
     def _log_epsilon(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", epsilon: float, *, on_step: bool = True) -> None:
-        pl.LightningModule.log(pl_module, "epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
-        # every step, whatever the trainer's log_every_n_steps; δ to loggers only (the bar would show 1e-5 as 0.000)
+        if not on_step or epsilon != self._shown:  # the bar and callback_metrics keep a value until it is logged again
+            pl.LightningModule.log(pl_module, "epsilon", epsilon, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=1, logger=False)
+        self._shown = epsilon if on_step else None  # loggers get ε every step; δ too (the bar would show 1e-5 as 0.000)
         for logger in trainer.loggers:
             logger.log_metrics({"epsilon": epsilon, "delta": self.delta}, step=trainer.global_step)
 
@@ -319,8 +320,7 @@ class PrivacyCallback(Callback):
         return PrivacyBudget(self.target_epsilon, self.delta)
 
     def _read_facts(self, trainer: "pl.Trainer") -> tuple[SamplingSpec, NoiseSpec]:
-        noise = noise_spec_of(self._layer)
-        sampling = sampling_spec_of(trainer, self._sampling_arg)
+        noise, sampling = noise_spec_of(self._layer), sampling_spec_of(trainer, self._sampling_arg)
         self.mechanism = resolve_mechanism(noise, sampling, self._mechanism_arg, self.mechanism)
         self._sampling = sampling
         return sampling, noise

@@ -156,6 +156,7 @@ class AttachedDPSGD(PrivacyLayer):
                                          noise=KeyedStream.secret("noise"))
         self._dp_optimizer.attach_step_hook(self._charge)
         self._layers = tapped_layers(module, self.params)  # nn.Linear layers whose per-example gradients are not formed
+        self._outputs: dict[str, Tensor] = {}  # their outputs for one example (the taps' shapes), kept across steps
         self.view: ExampleView | None = None
         self.sampling: SamplingSpec | None = None
         self._restore_hooks = lambda: None
@@ -204,7 +205,7 @@ class AttachedDPSGD(PrivacyLayer):
             result = None
             if size and self.view.stacks and self._layers:  # ghost norms of the Linear layers, each example still alone
                 result = user_step_tapped_grads(self.module, self._step, self.view, batch, batch_idx, self.params,
-                                                self._layers)
+                                                self._layers, self._outputs)
             if result is None:
                 result = user_step_grads(self.module, self._step, self.view, batch, batch_idx, self.params,
                                          chunk_size=self.chunk_size)
@@ -225,7 +226,7 @@ class AttachedDPSGD(PrivacyLayer):
             return
         self.params = _optimized(self.module, self.inner, trainable_only=True)
         self.dp.named_params = OrderedDict(self.params)
-        self._layers = tapped_layers(self.module, self.params)
+        self._layers, self._outputs = tapped_layers(self.module, self.params), {}
 
     def check_reduction(self, batch: Any, batch_idx: int) -> None:
         """Refuse a full-batch loss that is neither the mean nor the sum of the examples' own (dropout off, once)."""

@@ -64,6 +64,7 @@ class PrivacyLedger:
     def __init__(self) -> None:
         self._segments: list[Segment] = []
         self._cache: dict[tuple, tuple[Accountant, int, int]] = {}  # (mechanism, orders) → (acc, segment, steps done)
+        self._reads: dict[Any, Any] = {}  # reads (composed()'s accountant, step counts) until the next charge
         self.sampling: SamplingSpec | None = None
         self._sample: object = None  # token of the sample the last release was made on
         self._sample_records: list[StepRecord] = []
@@ -166,10 +167,12 @@ class PrivacyLedger:
 
     def _append(self, seg: Segment) -> None:
         last = self._segments[-1] if self._segments else None
-        if last is not None and last.same_run(seg):
+        if last is not None and last.same_run(seg):  # one more step of the same run: its mechanism checks still hold
             self._segments[-1] = replace(last, steps=last.steps + seg.steps)
+            self._reads = {k: v for k, v in self._reads.items() if k[0] == _NAME}
         else:
             self._segments.append(seg)
+            self._reads.clear()
 
     def _undo_last_step(self) -> None:
         """Take the last optimizer step back (it is charged again merged with a new release on the same sample); RDP
@@ -181,6 +184,7 @@ class PrivacyLedger:
         else:
             del self._segments[i]
         self._cache.clear()
+        self._reads.clear()
         self._checked = None
 
     # --- reading -------------------------------------------------------------------------------------
@@ -188,19 +192,26 @@ class PrivacyLedger:
     def segments(self) -> tuple[Segment, ...]:
         return tuple(self._segments)
 
+    def _read(self, name: str, compute: Any) -> Any:
+        """``compute()``, kept until the next charge (the callback reads these after every step)."""
+        if name not in self._reads:
+            self._reads[name] = compute()
+        return self._reads[name]
+
     @property
     def steps(self) -> int:
         """Every step taken by this model, private or not (the one step counter of a private run)."""
-        return sum(s.steps for s in self._segments if _is_step(s))
+        return self._read("steps", lambda: sum(s.steps for s in self._segments if _is_step(s)))
 
     @property
     def private_steps(self) -> int:
-        return sum(s.steps for s in self._segments if s.mechanism != "none" and _is_step(s))
+        return self._read("private", lambda: sum(s.steps for s in self._segments if s.mechanism != "none" and _is_step(s)))
 
     @property
     def unprotected_steps(self) -> int:
         """Steps without noise, or whose sampling is unknown (an untracked fit without a SamplingSpec): any makes ε infinite."""
-        return sum(s.steps for s in self._segments if s.mechanism == "none" or (s.sampling is None and _is_step(s)))
+        return self._read("unprotected", lambda: sum(s.steps for s in self._segments
+                                                     if s.mechanism == "none" or (s.sampling is None and _is_step(s))))
 
     @property
     def private_mechanism(self) -> str | None:
@@ -249,10 +260,14 @@ class PrivacyLedger:
     def composed(self, *, mechanism: str | None = None, orders: object = None, accountant: str = "pld") -> Accountant:
         """Like :meth:`accountant`, but one cached accountant brought up to date with the steps charged since the
         last call (the callback asks after every step). Read it; do not step it."""
-        name = self._mechanism_name(mechanism)
-        key = (name, None if orders is None else tuple(float(a) for a in orders), accountant)
+        asked = (mechanism, None if orders is None else tuple(float(a) for a in orders), accountant)
+        if asked in self._reads:  # nothing charged since it was answered (the callback asks twice per step)
+            return self._reads[asked]
+        name = self._read((_NAME, mechanism), lambda: self._mechanism_name(mechanism))
+        key = (name, *asked[1:])
         acc, index, done = self._cache.get(key) or (Accountant(name, orders=orders, accountant=accountant), 0, 0)
         self._cache[key] = (acc, *self._replay(acc, index, done))
+        self._reads[asked] = acc
         return acc
 
     def _replay(self, acc: Accountant, index: int, done: int) -> tuple[int, int]:
@@ -319,6 +334,7 @@ class PrivacyLedger:
         self._release_ids = set(state.get("data_releases", ()))
         self._checked = None  # the loaded releases are checked anew against the next record
         self._cache.clear()
+        self._reads.clear()
         self._sample, self._sample_records = None, []
 
     def __repr__(self) -> str:
@@ -331,6 +347,9 @@ def _fields(seg: Segment) -> dict[str, Any]:
 
 
 _FIELDS = ("mechanism", "sampling", "noise_multiplier", "clip_norm", "clipping", "steps", "releases", "unit")
+
+
+_NAME = "mechanism to account with"  # the key of :meth:`PrivacyLedger._mechanism_name`'s reads
 
 
 def _is_step(seg: Segment) -> bool:

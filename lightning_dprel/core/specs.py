@@ -218,19 +218,24 @@ class SamplingSpec:
     def to_dict(self) -> dict[str, Any]:
         """The flat, saved form (the same keys and values as every saved record): generic facts and
         the detail's."""
-        flat = {key: (getattr(self, field) if field else None) for key, field in _SAVED.items()}
-        flat.update(
-            {key: getattr(self, v) if isinstance(v, str) else v for key, v in _ROWS_ONLY.items()}
-        )
-        if self.detail is not None:
-            flat.update(asdict(self.detail))
-        return flat
+        return dict(self._saved_form())
+
+    def _saved_form(self) -> tuple[tuple[str, Any], ...]:
+        """:meth:`to_dict`'s items, built once (the spec and its detail are frozen; accountants hash it every step)."""
+        form = self.__dict__.get("_saved")
+        if form is None:
+            flat = {key: (getattr(self, field) if field else None) for key, field in _SAVED.items()}
+            flat.update({key: getattr(self, v) if isinstance(v, str) else v for key, v in _ROWS_ONLY.items()})
+            if self.detail is not None:
+                flat.update(asdict(self.detail))
+            form = self.__dict__["_saved"] = tuple(flat.items())
+        return form
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SamplingSpec) and self.to_dict() == other.to_dict()
+        return self is other or isinstance(other, SamplingSpec) and self._saved_form() == other._saved_form()
 
     def __hash__(self) -> int:
-        return hash(tuple(self.to_dict().items()))
+        return hash(self._saved_form())
 
 
 def _unit_name(unit: "str | PrivacyUnit") -> str:

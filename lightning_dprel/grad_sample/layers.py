@@ -288,7 +288,7 @@ class Taps:
     def __init__(self, layers: Mapping[str, nn.Module], *, check: Check | None = None,
                  sink: Sink | None = None) -> None:
         self.layers, self.check, self.sink = dict(layers), check, sink
-        self.on, self.given = False, None  # given: name → tap, or None (made per call)
+        self.on, self.given, self.misfit = False, None, False  # given: name → tap, or None (made per call)
         self.calls: dict[str, int] = {}
         self.inputs: dict[str, Tensor] = {}
         self.outputs: dict[str, Tensor] = {}  # with taps off: the last output (the taps' shapes)
@@ -309,7 +309,11 @@ class Taps:
                 if name not in self.given:
                     return output
                 self.inputs[name] = x.detach()
-                return output + self.given[name]
+                tap = self.given[name]
+                if output.shape != tap.shape or output.dtype != tap.dtype:  # it would broadcast or cast: not added
+                    self.misfit = True
+                    return output
+                return output + tap
             leaf, saved = output.new_zeros((), requires_grad=True), x.detach()
             tap = leaf.expand(output.shape)  # expanded: no memory per row
             tap.register_hook(lambda g: self.sink(name, saved, g.detach()))

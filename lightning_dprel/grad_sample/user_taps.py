@@ -52,27 +52,31 @@ def tapped_layers(module: nn.Module, params: Mapping[str, Tensor]) -> dict[str, 
 
 
 def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batch: Any, batch_idx: int,
-                           params: Mapping[str, Tensor],
-                           layers: Mapping[str, nn.Module]) -> PerTupleResult | None:
+                           params: Mapping[str, Tensor], layers: Mapping[str, nn.Module],
+                           outputs: MutableMapping[str, Tensor] | None = None) -> PerTupleResult | None:
     """Per-example norms and clipped sums of ``step(one example, batch_idx)`` with those ``layers``
     tapped that run
     exactly once per example (the others' gradients are formed); None when none does (the caller takes the vmap path).
 
     A layer whose parameters the step also uses elsewhere is removed from ``layers`` (for the rest of the fit) and the
-    step is recomputed with its gradient formed."""
+    step is recomputed with its gradient formed. ``outputs`` (kept by the caller across steps): the tapped layers'
+    outputs for one example, from a dry run of example 0; reused while every tap meets an output of its shape."""
     size = view.size(batch)
     stacked = view.stacked(batch)
     wrapper = _Step(module, step)
+    outputs = {} if outputs is None else outputs
     taps = Taps(layers)
     tapping = layers
     try:
-        with quiet_logging(module), torch.no_grad():  # a dry run of example 0: each layer once, its output's shape
-            functional_call(wrapper, {}, (next(view.examples(batch)), batch_idx), strict=False)
-        layers = {n: m for n, m in layers.items() if taps.calls.get(n) == 1}  # others: their gradients are formed
+        if not outputs:  # a dry run of example 0: each layer once, its output's shape
+            with quiet_logging(module), torch.no_grad():
+                functional_call(wrapper, {}, (next(view.examples(batch)), batch_idx), strict=False)
+            outputs.update({n: taps.outputs[n] for n in layers if taps.calls.get(n) == 1})  # others: formed
+        layers = {n: m for n, m in layers.items() if n in outputs}
         if not layers:
             return None
         taps.detach_parameters(layers)  # the tapped parameters stay real: another use links the losses to them
-        zeros = {n: taps.outputs[n].new_zeros((size, *taps.outputs[n].shape)) for n in layers}
+        zeros = {n: outputs[n].new_zeros((size, *outputs[n].shape)) for n in layers}
         tapped = {f"{n}.{k}" for n, m in layers.items() for k, _ in m.named_parameters(recurse=False)}
         formed = {f"m.{n}": p.detach() for n, p in params.items() if n not in tapped}
         slots = _slots(wrapper, formed)
@@ -89,6 +93,9 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
                 grad_and_value(loss_of, argnums=(0, 1), has_aux=True), in_dims=(None, 0, view.in_dims(stacked)),
                 randomness="different",
             )(formed, zeros, stacked)
+        if taps.misfit:  # an output of another shape than the dry run's (its tap broadcast): run it again
+            outputs.clear()
+            return user_step_tapped_grads(module, step, view, batch, batch_idx, params, tapping, outputs)
         if any(taps.calls.get(n) != 1 for n in layers):  # the traced step ran a tapped layer other than once
             return None
         elsewhere = _used_elsewhere(losses, layers)
@@ -100,7 +107,8 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
                 tapping.pop(n)
         else:
             tapping = {n: m for n, m in tapping.items() if n not in elsewhere}
-        return user_step_tapped_grads(module, step, view, batch, batch_idx, params, tapping) if tapping else None
+        outputs.clear()
+        return user_step_tapped_grads(module, step, view, batch, batch_idx, params, tapping, outputs) if tapping else None
     rows = {}
     for n, m in layers.items():
         names = {k: f"{n}.{k}" for k, _ in m.named_parameters(recurse=False)}
