@@ -129,3 +129,43 @@ def test_a_kept_tap_never_changes_the_dtype_of_a_layer_output():
     assert all(t.dtype == torch.float64 for t in kept.values())
     assert tapped.losses.dtype == torch.float64
     _assert_same(tapped, formed, 5)
+
+
+class Tokens(pl.LightningModule):
+    """Token ids → embedding (a padding row, repeated tokens) → mean → linear: the embedding is tapped too."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(11, 6, padding_idx=0), nn.Linear(6, 3)
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        return F.cross_entropy(self.head(self.embed(ids).mean(1)), y)
+
+
+def test_an_embedding_in_a_users_step_is_tapped_and_exact():
+    torch.manual_seed(0)
+    module = Tokens()
+    ids = torch.randint(0, 11, (7, 9))
+    ids[:, :3] = torch.tensor([0, 4, 4])  # padding and a repeated token in every example
+    batch = [ids, torch.randint(0, 3, (7,))]
+    params = dict(module.named_parameters())
+    tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params,
+                                    tapped_layers(module, params))
+    formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
+    assert sorted(tapped.grads.rows) == ["embed", "head"] and not tapped.grads.formed
+    _assert_same(tapped, formed, 7)
+
+
+@pytest.mark.parametrize("rows, d_in, d_out, formed", [
+    (1, 64, 256, False),     # one row per example: ‖a‖²‖g‖², nothing formed
+    (32, 64, 256, True),     # the ghost norm's L²(d_in + d_out) costs more than forming, G_i ≈ 1.6× (a, g)
+    (4, 768, 3072, False),   # the ghost norm is cheaper
+    (45, 1024, 1024, False),  # forming would cost less time but 11× the memory of (a, g)
+    (128, 16, 16, True),     # 2L² ≥ d_in·d_out (the memory rule of mixed ghost clipping)
+])
+def test_mixed_ghost_clipping_forms_a_layers_gradients_where_that_is_cheaper(rows, d_in, d_out, formed):
+    from lightning_dprel.grad_sample.layers import Outer
+
+    assert Outer(torch.zeros(2, rows, d_in), torch.zeros(2, rows, d_out)).cheaper_formed() is formed
+    assert not Outer(torch.zeros(2, rows, dtype=torch.long), torch.zeros(2, rows, d_out)).cheaper_formed()  # ids: kept

@@ -9,8 +9,9 @@ gradients it forms (a bias, a LayerNorm) and outer products G_i = Σ_p g_p a_p�
 
     ‖G_i‖² = Σ_{p,q∈i} (a_p·a_q)(g_p·g_q)              (ghost norm, O(L²(d_in + d_out)))
 
-(ids: "same token" for a_p·a_q), or formed when that is cheaper (mixed ghost clipping: kept when
-2L² < d_in·d_out). The clipped sum Σ_i f_i·G_i is one matmul with re-weighted g (book-keeping):
+(ids: "same token" for a_p·a_q), or formed when that is cheaper (mixed ghost clipping: formed when
+2L² ≥ d_in·d_out, or when the Gram products cost more time than forming and G_i is at most 4× the memory of
+its a and g). The clipped sum Σ_i f_i·G_i is one matmul with re-weighted g (book-keeping):
 no second backward. :func:`register_layer_rule` adds a rule for any layer type; the parameters
 of layers without one are formed (vmap).
 
@@ -49,8 +50,13 @@ class Outer:
         return not self.a.is_floating_point()
 
     def cheaper_formed(self) -> bool:
-        """Mixed ghost clipping: form G_i when 2L² ≥ d_in·d_out (never for ids)."""
-        return not self.ids and 2 * self.a.shape[1] ** 2 >= self.a.shape[-1] * self.g.shape[-1]
+        """Mixed ghost clipping: form G_i when 2L² ≥ d_in·d_out (never for ids), or when its ghost norm costs more time
+        than forming (L²(d_in + d_out) ≥ 2·d_in·d_out multiply-adds) and G_i takes at most 4× the memory of (a, g)."""
+        rows, d_in, d_out = self.a.shape[1], self.a.shape[-1], self.g.shape[-1]
+        if self.ids:
+            return False
+        slower = rows**2 * (d_in + d_out) >= 2 * d_in * d_out and d_in * d_out <= 4 * rows * (d_in + d_out)
+        return slower or 2 * rows**2 >= d_in * d_out
 
     def formed(self) -> Tensor:
         return torch.einsum("blo,bli->boi", self.g, self.a)
@@ -86,7 +92,7 @@ class LayerRule:
         applies: whether this layer's configuration is covered (not an Embedding with max_norm).
         broadcast_rows: a ``[1, ...]`` input may be broadcast onto every row (position ids).
         user_step: tapped on a user's step too; else vmap forms its gradients there (the
-            built-in Embedding and LayerNorm rules: the user path has always formed them).
+            built-in LayerNorm rule: its per-example gradients are as small as its pieces).
     """
 
     pieces: Callable[[nn.Module, Tensor, Tensor], Pieces]
@@ -146,8 +152,7 @@ def _plain_embedding(m: nn.Embedding) -> bool:
 
 
 register_layer_rule(nn.Linear, _linear)
-register_layer_rule(nn.Embedding, _embedding, applies=_plain_embedding, broadcast_rows=True,
-                    user_step=False)
+register_layer_rule(nn.Embedding, _embedding, applies=_plain_embedding, broadcast_rows=True)
 register_layer_rule(nn.LayerNorm, _layer_norm, user_step=False)
 _BUILT_IN.update(_RULES)
 
