@@ -216,3 +216,26 @@ def test_the_bar_shows_the_live_epsilon_of_every_step_and_lightning_logs_it_only
     assert [c for _, c in shown] == pytest.approx(live, rel=1e-6)  # over 3 epochs: Lightning's epoch resets keep it
     changes = 1 + sum(a != b for a, b in zip(live, live[1:]))
     assert len(logged) == changes < 60  # one self.log per new value, none for a repeated one
+
+
+def test_the_halting_check_read_every_step_equals_a_fresh_search_at_that_step(monkeypatch):
+    """After the first search, each step's ``steps_within`` is a lookup (no argument checks, no search): at every step,
+    over a shrinking horizon and past the budget, it answers what a fresh accountant holding the same steps answers."""
+    spec, sigma, target = _spec(0.05), 0.9, 2.0
+    acc = Accountant("poisson_gaussian")
+    acc.step(spec, sigma)
+    planned = 60
+    answers = [acc.steps_within(target, DELTA, spec, sigma, max_steps=planned - 1)]
+    from lightning_dprel.accounting import accountant as module
+
+    checks, real = [], module.check_noise_multiplier
+    monkeypatch.setattr(module, "check_noise_multiplier", lambda s: checks.append(s) or real(s))
+    for t in range(2, planned + 1):
+        acc.step(spec, sigma)
+        before = len(checks)
+        answers.append(acc.steps_within(target, DELTA, spec, sigma, max_steps=planned - t + 1))
+        fresh = Accountant("poisson_gaussian")
+        fresh.step(spec, sigma, t)
+        assert answers[-1] == fresh.steps_within(target, DELTA, spec, sigma, max_steps=planned - t + 1), t
+        assert len(checks) == before + 2  # the fresh accountant's step and search: acc's lookup checked nothing
+    assert answers[0] > 0 and answers[-1] == 0 and sorted(answers, reverse=True) == answers

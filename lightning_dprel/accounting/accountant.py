@@ -176,15 +176,16 @@ class Accountant:
         num_steps = check_step_count("num_steps", num_steps)
         sigma = check_noise_multiplier(noise_multiplier)
         name = self.mechanism if mechanism is None else mechanism
-        rdp = _lookup(name, sampling, sigma, self._key)
         run = (name, sampling, sigma)
-        if self._run != run and self._pld_ok and self._run_pld(run) is None:  # checked once per run, not per step
-            self._pld_ok = False  # one event without a proven pair: this composition has the RDP bound only
-        if self._run == run:
+        if self._run == run:  # the open run goes on: looked up and checked when it opened
             self._run_count += num_steps
-        else:
-            self._close_run()
-            self._run, self._run_rdp, self._run_count = run, rdp, num_steps
+            self._steps += num_steps
+            return
+        rdp = _lookup(name, sampling, sigma, self._key)
+        if self._pld_ok and self._run_pld(run) is None:  # checked once per run, not per step
+            self._pld_ok = False  # one event without a proven pair: this composition has the RDP bound only
+        self._close_run()
+        self._run, self._run_rdp, self._run_count = run, rdp, num_steps
         self._steps += num_steps
 
     def rdp(self) -> np.ndarray:
@@ -262,12 +263,19 @@ class Accountant:
         passes the fit's remaining steps): the PLD of very long compositions is slow to build."""
         from lightning_dprel.accounting.analysis.binomial import bisect_int
 
+        asked = ("asked", target_epsilon, delta, sampling, noise_multiplier)  # the halting check every step: no checks
+        key = self._pld_cache.get(asked) if type(max_steps) is int and max_steps >= 1 and self._run is not None else None
+        cached = None if key is None else self._pld_cache.get(key)
+        if cached is not None and (cached[1] or cached[0] >= self._run_count + max_steps):
+            return max(0, min(max_steps, cached[0] - self._run_count))
         sigma = check_noise_multiplier(noise_multiplier)
         delta = check_delta(delta)
         max_steps = check_step_count("max_steps", max_steps)
         run = (self.mechanism, sampling, sigma)
         base = self._run_count if self._run == run else 0  # answers are cached as totals of the run they extend
         key = ("within", delta, float(target_epsilon), run, self._run == run, None if self._run == run else self._run_count)
+        if self._run == run:  # the same question next step reads this key (the run and its counts move on)
+            self._pld_cache[asked] = key
         cached = self._pld_cache.get(key)  # (largest total known to fit, whether it is the exact largest)
         if cached is not None and (cached[1] or cached[0] >= base + max_steps):
             return max(0, min(max_steps, cached[0] - base))
