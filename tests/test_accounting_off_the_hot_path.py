@@ -101,27 +101,45 @@ def test_a_planned_fit_reads_its_epsilon_curve_without_composing(monkeypatch):
 
 @pytest.mark.parametrize("q, sigma", [(0.05, 0.9), (1.0, 1.0)])  # PLD below RDP; RDP below the grid's PLD at some steps
 def test_live_epsilon_read_every_step_equals_one_read_at_that_step(q, sigma):
-    """Per-step reads skip the RDP conversion only where RDP already exceeded the PLD earlier in the grid interval."""
+    """Per-step reads skip the RDP conversion only where RDP already exceeded the PLD earlier in the grid interval, and
+    repeat the interval's answer without reading the curve; with a budget, near it, they answer as a fresh read does."""
     PLD_CURVES.clear()
     every, rdp_won = Accountant("poisson_gaussian"), 0
+    budget = _exact([(sigma, 45)])  # the grid's PLD passes it before step 45: exact ε from there, then above it
     for t in range(1, 61):
         every.step(_spec(q), sigma)
         once = Accountant("poisson_gaussian")
         once.step(_spec(q), sigma, t)
         rdp = once.get_epsilon_and_order(DELTA)[0]
         assert every.live_epsilon(DELTA) == once.live_epsilon(DELTA) == min(rdp, once._pld_at(DELTA, _grid_count(t)))
+        assert every.live_epsilon(DELTA, target=budget) == once.live_epsilon(DELTA, target=budget)
+        assert every.live_epsilon(DELTA) == once.live_epsilon(DELTA)  # a read with a budget leaves the next one alone
         rdp_won += rdp < once._pld_at(DELTA, _grid_count(t))
     assert (rdp_won > 0) == (q == 1.0)  # at q = 1 both branches of the min are read
 
 
-@pytest.mark.filterwarnings("ignore:You defined a `validation_step`")
-def test_a_fit_without_a_target_plans_its_epsilon_curve_at_fit_start(monkeypatch):
+def _fit_the_mlp_project(steps: int, after: object):
+    """The MLP project made private (σ = 0.9, no target) for ``steps`` steps, ``after`` the privacy callback; its callback."""
     import pytorch_lightning as pl
     import torch
     from torch.utils.data import TensorDataset
 
     from lightning_dprel import DPDataLoader, PrivacyCallback
     from projects import tabular_classifier_private as private
+
+    x = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
+    cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=0.9)
+    trainer = pl.Trainer(max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[cb, after])
+    with pytest.warns(UserWarning, match="seed"):
+        trainer.fit(private.MLPClassifier(6, 2), train_dataloaders=DPDataLoader(
+            TensorDataset(x, (x[:, 0] > 0).long()), batch_size=20.0, seed=0))
+    return cb
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step`")
+def test_a_fit_without_a_target_plans_its_epsilon_curve_at_fit_start(monkeypatch):
+    import pytorch_lightning as pl
 
     PLD_CURVES.clear()
     calls, marks = [], {}
@@ -135,13 +153,7 @@ def test_a_fit_without_a_target_plans_its_epsilon_curve_at_fit_start(monkeypatch
         def on_train_batch_end(self, trainer, pl_module, *args):
             marks["last"] = len(calls)
 
-    x = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
-    cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=0.9)
-    trainer = pl.Trainer(max_steps=40, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[cb, Count()])
-    with pytest.warns(UserWarning, match="seed"):
-        trainer.fit(private.MLPClassifier(6, 2), train_dataloaders=DPDataLoader(
-            TensorDataset(x, (x[:, 0] > 0).long()), batch_size=20.0, seed=0))
+    cb = _fit_the_mlp_project(40, Count())
     assert marks["start"] > 0 and marks["last"] == marks["start"]  # planned at fit start; no step composed a PLD
     assert len(cb.history) == 40 and all(live >= _exact_at(cb._sampling, 0.9, t) * (1 - 1e-9) for t, live in cb.history)
 
@@ -189,11 +201,6 @@ def test_the_bar_shows_the_live_epsilon_of_every_step_and_lightning_logs_it_only
     """``self.log`` costs more than the live ε itself; the bar (and ``callback_metrics``) keep a value until it is logged
     again, so ε is handed to Lightning only when it changes, and after every step the bar shows that step's ε."""
     import pytorch_lightning as pl
-    import torch
-    from torch.utils.data import TensorDataset
-
-    from lightning_dprel import DPDataLoader, PrivacyCallback
-    from projects import tabular_classifier_private as private
 
     logged, shown = [], []
     real = pl.LightningModule.log
@@ -204,13 +211,7 @@ def test_the_bar_shows_the_live_epsilon_of_every_step_and_lightning_logs_it_only
         def on_train_batch_end(self, trainer, pl_module, *args):
             shown.append((float(trainer.progress_bar_metrics["epsilon"]), float(trainer.callback_metrics["epsilon"])))
 
-    x = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
-    cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=0.9)
-    trainer = pl.Trainer(max_steps=60, max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[cb, Bar()])
-    with pytest.warns(UserWarning, match="seed"):
-        trainer.fit(private.MLPClassifier(6, 2), train_dataloaders=DPDataLoader(
-            TensorDataset(x, (x[:, 0] > 0).long()), batch_size=20.0, seed=0))
+    cb = _fit_the_mlp_project(60, Bar())
     live = [e for _, e in cb.history]
     assert len(live) == 60 and [b for b, _ in shown] == pytest.approx(live, rel=1e-6)
     assert [c for _, c in shown] == pytest.approx(live, rel=1e-6)  # over 3 epochs: Lightning's epoch resets keep it

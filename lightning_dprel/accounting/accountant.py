@@ -218,9 +218,14 @@ class Accountant:
         (:meth:`steps_within`) already proved that the steps taken fit it."""
         if not self._pld_ok or self._run is None:
             return self.get_epsilon(delta)
-        delta = check_delta(delta)
         last, grid = self._pld_cache.get(("grid",), (0, 0))  # counts in [last, grid] share the grid count grid
-        if not last <= self._run_count <= grid:
+        same = last <= self._run_count <= grid
+        answer = self._pld_cache.get(("answer", delta, target))  # (grid, ε): this grid's PLD, RDP above it, ≤ target
+        if same and answer is not None and answer[0] == grid:  # the next step of the interval: nothing to read
+            self._pld_cache[("grid",)] = (self._run_count, grid)
+            return answer[1]
+        delta = check_delta(delta)
+        if not same:
             grid = _grid_count(self._run_count)
         self._pld_cache[("grid",)] = (self._run_count, grid)
         live = pld = self._pld_at(delta, grid)
@@ -229,6 +234,8 @@ class Accountant:
             live = min(rdp, pld)
             self._pld_cache[("live", delta)] = grid if rdp >= pld else None
         if target is None or live <= target:
+            if self._pld_cache.get(("live", delta)) == grid:
+                self._pld_cache[("answer", delta, target)] = (grid, live)
             return live
         proven = self._pld_cache.get(("within", delta, float(target), self._run, True, None))
         return float(target) if proven is not None and proven[0] >= self._run_count else self.get_epsilon(delta)

@@ -237,7 +237,7 @@ class PrivacyLedger:
     @property
     def accountable(self) -> bool:
         """Whether any accounted release (a noised step or event) was charged."""
-        return any(s.mechanism != "none" for s in self._segments)
+        return self._read("accountable", lambda: any(s.mechanism != "none" for s in self._segments))
 
     def _mechanism_name(self, mechanism: str | None) -> str:
         spent = self.private_mechanism
@@ -296,7 +296,7 @@ class PrivacyLedger:
         """ε of everything spent at δ (``inf`` if any step ran without noise, 0 before any step): the smaller valid
         bound. ``live``: an upper bound on it that is cheap after every step (:meth:`Accountant.live_epsilon`, which
         takes the budget ``target``)."""
-        if live and not self.unprotected_steps and any(s.mechanism != "none" for s in self._segments):
+        if live and not self.unprotected_steps and self.accountable:
             acc = self.composed(mechanism=mechanism, orders=orders, accountant=accountant)
             return float(acc.live_epsilon(delta, target=target))
         return float(self.epsilon_bounds(delta, mechanism=mechanism, orders=orders, accountant=accountant)["epsilon"])
