@@ -111,6 +111,8 @@ def test_the_taps_kept_across_steps_are_taken_again_when_an_output_changes_shape
         assert sorted(tapped.grads.rows) == TAPPED["sequence"]
         assert {n: tuple(t.shape) for n, t in kept.items()} == {"net.0": (1, length, 8), "net.2": (1, length, 3)}
         _assert_same(tapped, formed, 6)
+        assert all(p is params[n] for n, p in module.named_parameters())  # the rerun left the module its parameters
+        assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 def test_a_kept_tap_never_changes_the_dtype_of_a_layer_output():
@@ -127,6 +129,7 @@ def test_a_kept_tap_never_changes_the_dtype_of_a_layer_output():
     tapped = user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params, layers, kept)
     formed = user_step_grads(module, module.training_step, TensorRows(), batch, 0, params)
     assert all(t.dtype == torch.float64 for t in kept.values())
+    assert all(p is params[n] for n, p in module.named_parameters()) and not any(m._forward_hooks for m in module.modules())
     assert tapped.losses.dtype == torch.float64
     _assert_same(tapped, formed, 5)
 
@@ -169,3 +172,30 @@ def test_mixed_ghost_clipping_forms_a_layers_gradients_where_that_is_cheaper(row
 
     assert Outer(torch.zeros(2, rows, d_in), torch.zeros(2, rows, d_out)).cheaper_formed() is formed
     assert not Outer(torch.zeros(2, rows, dtype=torch.long), torch.zeros(2, rows, d_out)).cheaper_formed()  # ids: kept
+
+
+class GradOnlyDouble(pl.LightningModule):
+    """A step whose first layer's output differs between the dry run (no grad) and the traced run: its tap never fits."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(4, 5), nn.Linear(5, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if torch.is_grad_enabled():
+            x = torch.cat([x, x], 0)  # two rows under grad, one in the dry run
+        return F.cross_entropy(self.head(torch.tanh(self.a(x))).mean(0, keepdim=True), y)
+
+
+def test_a_tap_that_misfits_right_after_its_dry_run_gives_way_to_the_formed_route():
+    """No rerun loop: the caller forms the gradients (None), and the module keeps its own parameters."""
+    torch.manual_seed(0)
+    module = GradOnlyDouble()
+    params = dict(module.named_parameters())
+    batch = [torch.randn(5, 4), torch.randint(0, 3, (5,))]
+    kept = {}
+    assert user_step_tapped_grads(module, module.training_step, TensorRows(), batch, 0, params,
+                                  tapped_layers(module, params), kept) is None
+    assert kept == {} and all(p is params[n] for n, p in module.named_parameters())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

@@ -315,7 +315,7 @@ class Taps:
                     return output
                 self.inputs[name] = x.detach()
                 tap = self.given[name]
-                if output.shape != tap.shape or output.dtype != tap.dtype:  # it would broadcast or cast: not added
+                if output.shape != tap.shape or output.dtype != tap.dtype or output.device != tap.device:  # not added
                     self.misfit = True
                     return output
                 return output + tap

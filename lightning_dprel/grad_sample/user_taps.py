@@ -65,6 +65,7 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
     stacked = view.stacked(batch)
     wrapper = _Step(module, step)
     outputs = {} if outputs is None else outputs
+    fresh = not outputs  # taken by this call's dry run (else kept from an earlier step)
     taps = Taps(layers)
     tapping = layers
     try:
@@ -93,14 +94,14 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
                 grad_and_value(loss_of, argnums=(0, 1), has_aux=True), in_dims=(None, 0, view.in_dims(stacked)),
                 randomness="different",
             )(formed, zeros, stacked)
-        if taps.misfit:  # an output of another shape than the dry run's (its tap broadcast): run it again
-            outputs.clear()
-            return user_step_tapped_grads(module, step, view, batch, batch_idx, params, tapping, outputs)
-        if any(taps.calls.get(n) != 1 for n in layers):  # the traced step ran a tapped layer other than once
+        if any(taps.calls.get(n) != 1 for n in layers) and not taps.misfit:  # a tapped layer ran other than once
             return None
-        elsewhere = _used_elsewhere(losses, layers)
+        elsewhere = set() if taps.misfit else _used_elsewhere(losses, layers)
     finally:
-        taps.remove()
+        taps.remove()  # before any rerun: its hooks and swapped parameters must not meet the next run's
+    if taps.misfit:  # an output of another shape, dtype or device than the kept one's: tap anew (once; then form)
+        outputs.clear()
+        return None if fresh else user_step_tapped_grads(module, step, view, batch, batch_idx, params, tapping, outputs)
     if elsewhere:  # their pieces miss those uses: form their gradients, now and for the fit
         if isinstance(tapping, MutableMapping):
             for n in elsewhere:
