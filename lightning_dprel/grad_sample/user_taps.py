@@ -60,7 +60,8 @@ def user_step_tapped_grads(module: nn.Module, step: Any, view: ExampleView, batc
 
     A layer whose parameters the step also uses elsewhere is removed from ``layers`` (for the rest of the fit) and the
     step is recomputed with its gradient formed. ``outputs`` (kept by the caller across steps): the tapped layers'
-    outputs for one example, from a dry run of example 0; reused while every tap meets an output of its shape."""
+    outputs for one example, from a dry run of example 0; reused while every tap meets an output of its shape, dtype and
+    device."""
     size = view.size(batch)
     stacked = view.stacked(batch)
     wrapper = _Step(module, step)
