@@ -3,6 +3,7 @@ read per step, a changed plan is recomputed, AdvSGM's Theorem 7 is read from a c
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -240,3 +241,21 @@ def test_the_halting_check_read_every_step_equals_a_fresh_search_at_that_step(mo
         assert answers[-1] == fresh.steps_within(target, DELTA, spec, sigma, max_steps=planned - t + 1), t
         assert len(checks) == before + 2  # the fresh accountant's step and search: acc's lookup checked nothing
     assert answers[0] > 0 and answers[-1] == 0 and sorted(answers, reverse=True) == answers
+
+
+def test_a_sampling_spec_hashes_once_and_a_pickle_hashes_anew_in_another_process(tmp_path):
+    """Accountants hash the spec every step, so its hash is kept; a pickle (DDP spawn, a copy) carries none, since
+    another process hashes strings differently."""
+    import pickle
+
+    spec = _spec()
+    assert hash(spec) == hash(spec) and "_hash" in spec.__dict__
+    assert "_hash" not in pickle.loads(pickle.dumps(spec)).__dict__
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    code = ("import pickle, sys; sys.path.insert(0, 'tests'); from test_accounting_off_the_hot_path import _spec; "
+            f"s = pickle.loads(open({str(tmp_path / 'spec.pkl')!r}, 'rb').read()); "
+            "print(s == _spec() and hash(s) == hash(_spec()) and len({s, _spec()}) == 1)")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        assert out == "True"

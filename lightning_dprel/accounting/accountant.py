@@ -268,13 +268,13 @@ class Accountant:
         largest n is found by a doubling and bisection search (RDP's first; PLD's from there, up to 64× it), cached for
         this state, so the halting check every step is a dictionary lookup. Ask with the steps you plan (the callback
         passes the fit's remaining steps): the PLD of very long compositions is slow to build."""
-        from lightning_dprel.accounting.analysis.binomial import bisect_int
-
         asked = ("asked", target_epsilon, delta, sampling, noise_multiplier)  # the halting check every step: no checks
         key = self._pld_cache.get(asked) if type(max_steps) is int and max_steps >= 1 and self._run is not None else None
         cached = None if key is None else self._pld_cache.get(key)
         if cached is not None and (cached[1] or cached[0] >= self._run_count + max_steps):
             return max(0, min(max_steps, cached[0] - self._run_count))
+        from lightning_dprel.accounting.analysis.binomial import bisect_int
+
         sigma = check_noise_multiplier(noise_multiplier)
         delta = check_delta(delta)
         max_steps = check_step_count("max_steps", max_steps)

@@ -235,7 +235,13 @@ class SamplingSpec:
         return self is other or isinstance(other, SamplingSpec) and self._saved_form() == other._saved_form()
 
     def __hash__(self) -> int:
-        return hash(self._saved_form())
+        if "_hash" not in self.__dict__:
+            self.__dict__["_hash"] = hash(self._saved_form())
+        return self.__dict__["_hash"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy or a pickle carries no cached hash: string hashes differ between processes."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 def _unit_name(unit: "str | PrivacyUnit") -> str:
