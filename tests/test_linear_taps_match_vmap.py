@@ -174,7 +174,7 @@ def test_mixed_ghost_clipping_forms_a_layers_gradients_where_that_is_cheaper(row
     assert not Outer(torch.zeros(2, rows, dtype=torch.long), torch.zeros(2, rows, d_out)).cheaper_formed()  # ids: kept
 
 
-class GradOnlyDouble(pl.LightningModule):
+class RowsDoubledUnderGrad(pl.LightningModule):
     """A step whose first layer's output differs between the dry run (no grad) and the traced run: its tap never fits."""
 
     def __init__(self):
@@ -191,7 +191,7 @@ class GradOnlyDouble(pl.LightningModule):
 def test_a_tap_that_misfits_right_after_its_dry_run_gives_way_to_the_formed_route():
     """No rerun loop: the caller forms the gradients (None), and the module keeps its own parameters."""
     torch.manual_seed(0)
-    module = GradOnlyDouble()
+    module = RowsDoubledUnderGrad()
     params = dict(module.named_parameters())
     batch = [torch.randn(5, 4), torch.randint(0, 3, (5,))]
     kept = {}
