@@ -65,6 +65,7 @@ class PrivacyLedger:
         self._segments: list[Segment] = []
         self._cache: dict[tuple, tuple[Accountant, int, int]] = {}  # (mechanism, orders) → (acc, segment, steps done)
         self._reads: dict[Any, Any] = {}  # reads (composed()'s accountant, step counts) until the next charge
+        self._names: dict[str | None, str] = {}  # composed()'s checked mechanism, until a new kind of segment
         self.sampling: SamplingSpec | None = None
         self._sample: object = None  # token of the sample the last release was made on
         self._sample_records: list[StepRecord] = []
@@ -167,12 +168,12 @@ class PrivacyLedger:
 
     def _append(self, seg: Segment) -> None:
         last = self._segments[-1] if self._segments else None
+        self._reads.clear()
         if last is not None and last.same_run(seg):  # one more step of the same run: its mechanism checks still hold
             self._segments[-1] = replace(last, steps=last.steps + seg.steps)
-            self._reads = {k: v for k, v in self._reads.items() if k[0] == _NAME}
         else:
             self._segments.append(seg)
-            self._reads.clear()
+            self._names.clear()
 
     def _undo_last_step(self) -> None:
         """Take the last optimizer step back (it is charged again merged with a new release on the same sample); RDP
@@ -185,6 +186,7 @@ class PrivacyLedger:
             del self._segments[i]
         self._cache.clear()
         self._reads.clear()
+        self._names.clear()
         self._checked = None
 
     # --- reading -------------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ class PrivacyLedger:
         asked = (mechanism, None if orders is None else tuple(float(a) for a in orders), accountant)
         if asked in self._reads:  # nothing charged since it was answered (the callback asks twice per step)
             return self._reads[asked]
-        name = self._read((_NAME, mechanism), lambda: self._mechanism_name(mechanism))
+        name = self._names.get(mechanism) or self._names.setdefault(mechanism, self._mechanism_name(mechanism))
         key = (name, *asked[1:])
         acc, index, done = self._cache.get(key) or (Accountant(name, orders=orders, accountant=accountant), 0, 0)
         self._cache[key] = (acc, *self._replay(acc, index, done))
@@ -335,6 +337,7 @@ class PrivacyLedger:
         self._checked = None  # the loaded releases are checked anew against the next record
         self._cache.clear()
         self._reads.clear()
+        self._names.clear()
         self._sample, self._sample_records = None, []
 
     def __repr__(self) -> str:
@@ -347,9 +350,6 @@ def _fields(seg: Segment) -> dict[str, Any]:
 
 
 _FIELDS = ("mechanism", "sampling", "noise_multiplier", "clip_norm", "clipping", "steps", "releases", "unit")
-
-
-_NAME = "mechanism to account with"  # the key of :meth:`PrivacyLedger._mechanism_name`'s reads
 
 
 def _is_step(seg: Segment) -> bool:

@@ -52,9 +52,9 @@ class Outer:
     def cheaper_formed(self) -> bool:
         """Mixed ghost clipping: form G_i when 2L² ≥ d_in·d_out (never for ids), or when its ghost norm costs more time
         than forming (L²(d_in + d_out) ≥ 2·d_in·d_out multiply-adds) and G_i takes at most 4× the memory of (a, g)."""
-        rows, d_in, d_out = self.a.shape[1], self.a.shape[-1], self.g.shape[-1]
         if self.ids:
             return False
+        rows, d_in, d_out = self.a.shape[1], self.a.shape[-1], self.g.shape[-1]
         slower = rows**2 * (d_in + d_out) >= 2 * d_in * d_out and d_in * d_out <= 4 * rows * (d_in + d_out)
         return slower or 2 * rows**2 >= d_in * d_out
 
