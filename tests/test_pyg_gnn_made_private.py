@@ -326,11 +326,11 @@ def test_pyg_batches_are_the_subgraphs_and_the_whole_graph_for_evaluation():
 
 def test_an_empty_sample_is_an_empty_batch_and_still_releases_noise(monkeypatch):
     data = _graph(1, n=200)
-    noise_stds = []
+    noises = []
 
     def recording(self, summed, noise="draw"):
         out = ADD_NOISE(self, summed, noise)
-        noise_stds.append(float(torch.cat([(o - s).reshape(-1) for o, s in zip(out.values(), summed.values())]).std()))
+        noises.append(torch.cat([(o - s).reshape(-1) for o, s in zip(out.values(), summed.values())]))
         return out
 
     monkeypatch.setattr(DPOptimizer, "add_noise", recording)
@@ -344,8 +344,10 @@ def test_an_empty_sample_is_an_empty_batch_and_still_releases_noise(monkeypatch)
     cb = PrivacyCallback(delta=DELTA, clip_norm=1.0, noise_multiplier=2.0)
     pl.Trainer(max_steps=6, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[cb], **QUIET).fit(
         NodeClassifier(data.num_features, 4), datamodule=dm)
-    assert cb.steps == 6 and len(noise_stds) == 6
-    assert all(abs(s - 2.0) < 0.2 for s in noise_stds)  # N(0, σ²C²) on every step, the empty ones too
+    assert cb.steps == 6 and len(noises) == 6
+    # N(0, σ²C²) on every step, the empty ones too; secret noise: a std's s.e. is 0.054 per step (676 draws), 0.022 pooled
+    assert all(abs(float(n.std()) - 2.0) < 0.5 for n in noises)
+    assert abs(float(torch.cat(noises).std()) - 2.0) < 0.15
 
 
 # --- (d) utility ----------------------------------------------------------------------------------------------------
