@@ -289,7 +289,7 @@ class PrivacyLedger:
         """Both bounds at δ (``{"epsilon", "bound", "rdp", "pld"}``; ε infinite after an un-noised step, 0 before any)."""
         if self.unprotected_steps:
             return {"epsilon": math.inf, "bound": "none", "rdp": math.inf, "pld": None}
-        if not self._segments or not any(s.mechanism != "none" for s in self._segments):
+        if not self.accountable:
             return {"epsilon": 0.0, "bound": "none", "rdp": 0.0, "pld": None}
         return self.composed(mechanism=mechanism, orders=orders, accountant=accountant).epsilon_bounds(delta)
 
